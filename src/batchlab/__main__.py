@@ -1,0 +1,3 @@
+from batchlab.cli import main
+
+main()

@@ -1,0 +1,23 @@
+"""User-facing errors.
+
+Every error a user can cause (a bad flag value, a malformed file, an unknown name) is raised as a
+:class:`BatchlabError` whose message is one line naming the problem and the allowed values. The
+command line prints it as ``error: <message>`` and exits with status 2, with no traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class BatchlabError(ValueError):
+    """A problem with the user's input; the message is a single line fit to print as is."""
+
+
+def unknown_name_error(kind: str, name: str, known: Iterable[str]) -> BatchlabError:
+    """Return the error for an unknown ``name`` of ``kind``, suggesting the closest known name."""
+    known = sorted(known)
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return BatchlabError(f"unknown {kind} {name!r}{hint}; known: {', '.join(known)}")
