@@ -1,0 +1,117 @@
+"""The data behind the NQM figure set (the official notebook's figures plus S(B) fits), official grids.
+
+:func:`figure_data` computes every curve of the set as plain dicts and lists (JSON-ready); drawing is in
+:mod:`batchlab.plots.nqm`. The independent jobs run in up to ``workers`` processes.
+
+Steps are first-passage counts (updates needed); the official ``low`` convention is one less.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+from batchlab.nqm.dynamics import Algorithm, losses_at_steps, moment_recurrence
+from batchlab.nqm.problem import information_lower_bound, power_law, zhang2019_binned
+from batchlab.nqm.schedules import optimal_pwc_sgd
+from batchlab.nqm.tuning import tune
+
+TARGETS = (0.1, 0.03, 0.01, 0.003, 0.001)
+PRECONDITIONS = (0.0, 0.25, 0.5, 0.75)
+TARGET = 0.01
+ALL_BATCH_SIZES = tuple(2**k for k in range(2, 22))  # target sweep and optimal-LR figure
+COMPARE_BATCH_SIZES = tuple(2**k for k in range(2, 21, 2))  # optimizer comparisons
+PWC50_BATCH_SIZES = tuple(2**k for k in range(4, 13))
+CURVE_LEARNING_RATES = (0.01, 0.03, 0.1, 0.3, 1.0, 1.9)
+
+
+def _tuned(algorithm: str, p: float, batch_sizes, target: float, grid: str = "official") -> dict:
+    problem = zhang2019_binned()
+    points = tune(problem, Algorithm(algorithm, p), batch_sizes, target, grid=grid)
+    return {
+        "optimizer": algorithm,
+        "precondition": p,
+        "target": target,
+        "points": [pt.to_dict() for pt in points],
+    }
+
+
+def _training_curves() -> dict:
+    """Training curves of SGD on the unbinned D = 5000, B = 1 problem the notebook uses."""
+    problem = power_law(1.0, 1.0, 5000, name="zhang2019 D=5000")
+    steps = np.unique(np.round(np.geomspace(1, 1e5, 120)).astype(np.int64))
+    steps = np.concatenate([[0], steps])
+    rec = moment_recurrence(problem, Algorithm("sgd"), np.asarray(CURVE_LEARNING_RATES))
+    losses = losses_at_steps(rec, 1.0, steps)
+    return {
+        "batch_size": 1,
+        "steps": steps.tolist(),
+        "curves": [{"learning_rate": lr, "loss": row.tolist()} for lr, row in zip(CURVE_LEARNING_RATES, losses)],
+    }
+
+
+def _pwc(batch_sizes, pieces: int, p: float = 0.0) -> dict:
+    problem = zhang2019_binned()
+    constant = tune(problem, Algorithm("sgd", p), batch_sizes, TARGET, grid="official")
+    out = []
+    for point in constant:
+        upper = None if point.result.steps is None else -(-point.result.steps // pieces)
+        result = optimal_pwc_sgd(problem, p, point.batch_size, TARGET, pieces, upper_k=upper)
+        out.append(
+            {
+                "batch_size": int(point.batch_size),
+                "steps": result.steps,
+                "piece_length": result.piece_length,
+                "learning_rates": list(result.learning_rates),
+                "constant_steps": point.result.steps,
+            }
+        )
+    return {"pieces": pieces, "precondition": p, "target": TARGET, "points": out}
+
+
+def _jobs() -> dict:
+    jobs = {"training_curves": (_training_curves, ())}
+    for target in TARGETS:
+        jobs[f"sgd_target_{target}"] = (_tuned, ("sgd", 0.0, ALL_BATCH_SIZES, target))
+    for p in PRECONDITIONS:
+        if p != 0.0:
+            jobs[f"sgd_lr_p{p}"] = (_tuned, ("sgd", p, ALL_BATCH_SIZES, TARGET))
+        jobs[f"sgd_p{p}"] = (_tuned, ("sgd", p, COMPARE_BATCH_SIZES, TARGET))
+        jobs[f"momentum_p{p}"] = (_tuned, ("momentum", p, COMPARE_BATCH_SIZES, TARGET))
+    jobs["ema_p0.0"] = (_tuned, ("ema", 0.0, COMPARE_BATCH_SIZES, TARGET))
+    jobs["pwc50"] = (_pwc, (PWC50_BATCH_SIZES, 50))
+    jobs["pwc10"] = (_pwc, (COMPARE_BATCH_SIZES, 10))
+    return jobs
+
+
+def _run(item):
+    name, (function, args) = item
+    return name, function(*args)
+
+
+def figure_data(workers: int | None = None, pool: ProcessPoolExecutor | None = None) -> dict:
+    """Compute every figure's data in ``workers`` processes (default: up to 2) or in ``pool``."""
+    jobs = _jobs()
+    workers = min(2, os.cpu_count() or 1) if workers is None else int(workers)
+    # Expensive jobs first so that the two workers finish together.
+    order = sorted(jobs.items(), key=lambda kv: -_COST.get(kv[0].split("_p")[0].split("_target")[0], 1))
+    if pool is not None:
+        results = dict(pool.map(_run, order))
+    elif workers <= 1:
+        results = dict(_run(item) for item in order)
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as own_pool:
+            results = dict(own_pool.map(_run, order))
+    problem = zhang2019_binned()
+    results["lower_bound"] = {
+        "dimension": problem.dimension,
+        "target": TARGET,
+        "batch_sizes": list(COMPARE_BATCH_SIZES),
+        "steps": information_lower_bound(problem, TARGET, COMPARE_BATCH_SIZES).tolist(),
+    }
+    return results
+
+
+_COST = {"momentum": 30, "pwc50": 25, "pwc10": 20, "ema": 25, "sgd": 1, "training_curves": 2}

@@ -1,0 +1,133 @@
+"""Optimizer names, their hyperparameters with defaults, and validation of user-given values.
+
+Names follow the Shallue et al. release where it has one. Every optimizer also takes the schedule and
+trainer hyperparameters: ``learning_rate_decay_steps`` and ``end_learning_rate_factor`` (linear decay;
+both absent = constant), ``warmup_steps``, ``label_smoothing`` (applied by the trainer through the
+workload's loss; accepted and checked here) and ``ema_decay`` (absent = no weight averaging).
+A default of ``None`` means "off".
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+from batchlab.errors import BatchlabError, unknown_name_error
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The allowed values of one hyperparameter: a number within bounds (``integer`` for counts)."""
+
+    low: float
+    high: float
+    low_open: bool = False  # exclude ``low``
+    high_open: bool = False  # exclude ``high``
+    integer: bool = False
+
+    def describe(self) -> str:
+        kind = "an integer" if self.integer else "a number"
+        if self.high == math.inf:
+            return f"{kind} {'>' if self.low_open else '>='} {self.low:g}"
+        left = "(" if self.low_open else "["
+        right = ")" if self.high_open else "]"
+        return f"{kind} in {left}{self.low:g}, {self.high:g}{right}"
+
+    def admits(self, value: float) -> bool:
+        if self.integer and value != math.floor(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+
+_POSITIVE = Rule(0.0, math.inf, low_open=True)
+_NON_NEGATIVE = Rule(0.0, math.inf)
+_UNIT_OPEN = Rule(0.0, 1.0, high_open=True)  # [0, 1)
+_COUNT = Rule(1.0, math.inf, integer=True)
+
+RULES: dict[str, Rule] = {
+    "learning_rate": _POSITIVE,
+    "momentum": _UNIT_OPEN,
+    "beta1": _UNIT_OPEN,
+    "beta2": _UNIT_OPEN,
+    "epsilon": _POSITIVE,
+    "weight_decay": _NON_NEGATIVE,
+    "damping": _POSITIVE,
+    "factor_decay": _UNIT_OPEN,
+    "inverse_update_period": _COUNT,
+    "trust_coefficient": _POSITIVE,
+    "learning_rate_decay_steps": _COUNT,
+    "end_learning_rate_factor": Rule(0.0, 1.0),
+    "warmup_steps": Rule(0.0, math.inf, integer=True),
+    "label_smoothing": _UNIT_OPEN,
+    "ema_decay": _UNIT_OPEN,
+}
+
+COMMON_DEFAULTS: dict[str, float | int | None] = {
+    "weight_decay": 0.0,
+    "learning_rate_decay_steps": None,
+    "end_learning_rate_factor": None,
+    "warmup_steps": 0,
+    "label_smoothing": 0.0,
+    "ema_decay": None,
+}
+
+OPTIMIZER_DEFAULTS: dict[str, dict[str, float | int]] = {
+    "sgd": {"learning_rate": 0.1},
+    "momentum": {"learning_rate": 0.01, "momentum": 0.9},
+    "nesterov": {"learning_rate": 0.01, "momentum": 0.9},
+    "adam": {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8},
+    "kfac": {
+        "learning_rate": 0.1, "momentum": 0.9, "damping": 0.1,
+        "factor_decay": 0.95, "inverse_update_period": 10,
+    },
+    "lars": {"learning_rate": 1.0, "momentum": 0.9, "trust_coefficient": 1e-3},
+    "lamb": {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-6},
+}
+
+INTEGER_NAMES = frozenset(name for name, rule in RULES.items() if rule.integer)
+
+
+def optimizer_names() -> list[str]:
+    """The optimizer names: sgd, momentum, nesterov, adam, kfac, lars, lamb."""
+    return list(OPTIMIZER_DEFAULTS)
+
+
+def optimizer_defaults(name: str) -> dict:
+    """Every hyperparameter ``name`` accepts, with its default (``None`` = off). JSON-ready."""
+    if name not in OPTIMIZER_DEFAULTS:
+        raise unknown_name_error("optimizer", name, OPTIMIZER_DEFAULTS)
+    return {**OPTIMIZER_DEFAULTS[name], **COMMON_DEFAULTS}
+
+
+def resolve_hyperparameters(name: str, hyperparameters: dict | None) -> dict:
+    """Defaults of optimizer ``name`` overridden by ``hyperparameters``, every value checked.
+
+    Integer-valued hyperparameters come back as ``int`` (``1000.0`` is accepted as 1000). A value of
+    ``None`` means "off" only for hyperparameters whose default is ``None``. BatchlabError (one line,
+    naming the allowed values) for an unknown name or a bad value.
+    """
+    resolved = optimizer_defaults(name)
+    for key, value in (hyperparameters or {}).items():
+        if key not in resolved:
+            raise unknown_name_error(f"hyperparameter for {name}", str(key), resolved)
+        resolved[key] = _checked_value(key, value, may_be_off=COMMON_DEFAULTS.get(key, 0) is None)
+    if resolved["end_learning_rate_factor"] is not None or resolved["learning_rate_decay_steps"] is not None:
+        if resolved["end_learning_rate_factor"] is None:
+            resolved["end_learning_rate_factor"] = 0.0
+    return resolved
+
+
+def _checked_value(key: str, value: object, may_be_off: bool) -> float | int | None:
+    rule = RULES[key]
+    if value is None and may_be_off:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        allowed = rule.describe() + (" or null (off)" if may_be_off else "")
+        raise BatchlabError(f"hyperparameter {key} must be {allowed}, got {value!r}")
+    number = float(value)
+    if not rule.admits(number):
+        raise BatchlabError(f"hyperparameter {key} must be {rule.describe()}, got {value!r}")
+    return int(number) if rule.integer else number

@@ -1,0 +1,260 @@
+"""NQM figures: the official notebook's set plus every steps curve with its fitted S(B) and B_crit.
+
+:func:`write_nqm_figures` draws the data of :func:`batchlab.nqm.figures.figure_data` into PNG files and
+returns ``{figure name: path}`` plus the critical-batch-size summaries. Files are written atomically.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from batchlab.analysis.critical_batch_size import fit_steps_curve, summarize_curve
+from batchlab.analysis.curve import StepsCurve
+
+FIGURES = (
+    "training_curves",
+    "sgd_steps_vs_batch_size_targets",
+    "sgd_optimal_learning_rate",
+    "pwc50_schedules",
+    "sgd_vs_momentum",
+    "effective_learning_rate",
+    "sgd_vs_ema",
+    "fixed_vs_pwc10",
+    "critical_batch_size_fits",
+)
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=90)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def _curve(entry: dict, label: str) -> StepsCurve:
+    return StepsCurve.from_points([(p["batch_size"], p["steps"]) for p in entry["points"]], label=label)
+
+
+def _xy(entry: dict, key: str = "steps"):
+    pts = [(p["batch_size"], p[key]) for p in entry["points"] if p[key] is not None]
+    return np.array([b for b, _ in pts], float), np.array([v for _, v in pts], float)
+
+
+def steps_curves(data: dict) -> list[StepsCurve]:
+    """Every tuned steps-vs-batch-size curve of the figure set (first-passage steps), labelled."""
+    curves = []
+    for p in (0.0, 0.25, 0.5, 0.75):
+        curves.append(_curve(data[f"sgd_p{p}"], f"sgd p={p:g}"))
+        curves.append(_curve(data[f"momentum_p{p}"], f"momentum p={p:g}"))
+    curves.append(_curve(data["ema_p0.0"], "ema p=0"))
+    for target in (0.1, 0.03, 0.01, 0.003, 0.001):
+        curves.append(_curve(data[f"sgd_target_{target}"], f"sgd p=0 target={target:g}"))
+    return curves
+
+
+def critical_batch_size_table(data: dict) -> list[dict]:
+    """``summarize_curve`` of every curve (label, fit, named critical batch sizes)."""
+    return [summarize_curve(c) for c in steps_curves(data)]
+
+
+def write_nqm_figures(data: dict, out_dir: str | Path, only=None) -> dict[str, Path]:
+    """Draw the figures of the set (all, or the names in ``only``) into ``out_dir``; returns ``{name: path}``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    paths: dict[str, Path] = {}
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    def short(value, _pos):
+        exponent = np.log10(value) if value > 0 else 0.0
+        if value >= 1e4 and abs(exponent - round(exponent)) < 1e-9:
+            return f"1e{int(round(exponent))}"
+        return f"{value:g}"
+
+    plain = FuncFormatter(short)
+
+    def logscale(ax, x=True):
+        # No minor ticks and plain-text labels: tick creation and mathtext parsing dominate drawing
+        # time otherwise (the figure set must draw in well under a second per figure).
+        if x:
+            ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.minorticks_off()
+        for axis in (ax.xaxis, ax.yaxis) if x else (ax.yaxis,):
+            axis.set_major_locator(LogLocator(numticks=7))
+            axis.set_major_formatter(plain)
+
+    def new(title, xlabel="batch size", ylabel="steps to target"):
+        fig, ax = plt.subplots(figsize=(5.5, 4.0))
+        fig.subplots_adjust(left=0.16, right=0.97, bottom=0.12, top=0.91)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        return fig, ax
+
+    def finish(fig, ax, name, log=True):
+        if log:
+            logscale(ax)
+        ax.legend(fontsize=7)
+        paths[name] = _save(fig, out / f"nqm_{name}.png")
+        plt.close(fig)
+
+    bound = data["lower_bound"]
+    wanted = set(FIGURES if only is None else only)
+
+    if "training_curves" in wanted:
+        tc = data["training_curves"]
+        fig, ax = new(f"SGD training curves (D=5000, B={tc['batch_size']})", "step", "expected loss")
+        steps = np.maximum(np.asarray(tc["steps"], float), 0.8)
+        for curve in tc["curves"]:
+            ax.plot(steps, curve["loss"], label=f"lr={curve['learning_rate']:g}")
+        finish(fig, ax, "training_curves")
+
+    if "sgd_steps_vs_batch_size_targets" in wanted:
+        fig, ax = new("SGD (p=0): steps vs batch size for five targets")
+        for i, target in enumerate((0.1, 0.03, 0.01, 0.003, 0.001)):
+            b, s = _xy(data[f"sgd_target_{target}"])
+            ax.plot(b, s, "o-", ms=3, color=colors[i], label=f"target {target:g}")
+        finish(fig, ax, "sgd_steps_vs_batch_size_targets")
+
+    if "sgd_optimal_learning_rate" in wanted:
+        fig, ax = new("SGD: optimal learning rate vs batch size (target 0.01)", ylabel="learning rate")
+        for i, p in enumerate((0.0, 0.25, 0.5, 0.75)):
+            entry = data["sgd_target_0.01"] if p == 0.0 else data[f"sgd_lr_p{p}"]
+            b, lr = _xy(entry, "learning_rate")
+            ax.plot(b, lr, "o-", ms=3, color=colors[i], label=f"p={p:g}")
+        ax.axhline(2.0, color="gray", ls=":", label="stability limit 2")
+        finish(fig, ax, "sgd_optimal_learning_rate")
+
+    if "pwc50_schedules" in wanted:
+        pwc = data["pwc50"]
+        fig, ax = new("Optimal 50-piece LR schedule (SGD, p=0)", "fraction of training", "learning rate")
+        for i, point in enumerate(pwc["points"]):
+            lrs = point["learning_rates"]
+            x = (np.arange(len(lrs)) + 0.5) / len(lrs)
+            ax.plot(x, lrs, "-", color=plt.cm.viridis(i / max(len(pwc["points"]) - 1, 1)), label=f"B={point['batch_size']}")
+        logscale(ax, x=False)
+        ax.legend(fontsize=6, ncol=2)
+        paths["pwc50_schedules"] = _save(fig, out / "nqm_pwc50_schedules.png")
+        plt.close(fig)
+
+    if "sgd_vs_momentum" in wanted:
+        fig, ax = new("SGD vs heavy-ball momentum (target 0.01)")
+        for i, p in enumerate((0.0, 0.25, 0.5, 0.75)):
+            b, s = _xy(data[f"sgd_p{p}"])
+            ax.plot(b, s, "o-", ms=3, color=colors[i], label=f"SGD p={p:g}")
+            b, s = _xy(data[f"momentum_p{p}"])
+            ax.plot(b, s, "s--", ms=3, color=colors[i], label=f"momentum p={p:g}")
+        ax.plot(bound["batch_sizes"], bound["steps"], "k:", label="D / (2 C B)")
+        finish(fig, ax, "sgd_vs_momentum")
+
+    if "effective_learning_rate" in wanted:
+        fig, ax = new("Effective learning rate lr / (1 - momentum)", ylabel="effective learning rate")
+        for i, p in enumerate((0.0, 0.25, 0.5, 0.75)):
+            b, lr = _xy(data[f"sgd_p{p}"], "learning_rate")
+            ax.plot(b, lr, "o-", ms=3, color=colors[i], label=f"SGD lr p={p:g}")
+            b, lr = _xy(data[f"momentum_p{p}"], "effective_learning_rate")
+            ax.plot(b, lr, "s--", ms=3, color=colors[i], label=f"momentum p={p:g}")
+        finish(fig, ax, "effective_learning_rate")
+
+    if "sgd_vs_ema" in wanted:
+        fig, ax = new("SGD vs SGD + EMA of iterates (p=0, target 0.01)")
+        b, s = _xy(data["sgd_p0.0"])
+        ax.plot(b, s, "o-", ms=3, label="SGD")
+        b, s = _xy(data["ema_p0.0"])
+        ax.plot(b, s, "s--", ms=3, label="SGD + EMA")
+        ax.plot(bound["batch_sizes"], bound["steps"], "k:", label="D / (2 C B)")
+        finish(fig, ax, "sgd_vs_ema")
+
+    if "fixed_vs_pwc10" in wanted:
+        pwc10 = data["pwc10"]
+        fig, ax = new("Fixed LR vs optimised 10-piece schedule (SGD, p=0)")
+        pts = [p for p in pwc10["points"] if p["steps"] is not None and p["constant_steps"] is not None]
+        ax.plot([p["batch_size"] for p in pts], [p["constant_steps"] for p in pts], "o-", ms=3, label="fixed LR")
+        ax.plot([p["batch_size"] for p in pts], [p["steps"] for p in pts], "s--", ms=3, label="10-piece schedule")
+        ax.plot(bound["batch_sizes"], bound["steps"], "k:", label="D / (2 C B)")
+        finish(fig, ax, "fixed_vs_pwc10")
+
+    if "critical_batch_size_fits" in wanted:
+        curves = [c for c in steps_curves(data) if "target" not in c.label]
+        cols = 3
+        rows = -(-len(curves) // cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(4.0 * cols, 3.0 * rows), squeeze=False)
+        for ax, curve in zip(axes.ravel(), curves):
+            b, s = curve.reached_arrays()
+            ax.plot(b, s, "o", ms=3, label="exact NQM")
+            try:
+                fit = fit_steps_curve(curve)
+                grid = np.geomspace(b.min(), b.max(), 100)
+                ax.plot(grid, fit.predicted_steps(grid), "-", label="S_min (1 + B_crit/B)")
+                if np.isfinite(fit.b_crit) and fit.b_crit > 0:
+                    ax.axvline(fit.b_crit, color="red", ls="--", lw=1, label=f"B_crit={fit.b_crit:.3g}")
+            except ValueError:
+                pass
+            logscale(ax)
+            ax.set_title(curve.label, fontsize=9)
+            ax.legend(fontsize=6)
+        for ax in axes.ravel()[len(curves) :]:
+            ax.axis("off")
+        fig.subplots_adjust(left=0.06, right=0.98, bottom=0.06, top=0.95, wspace=0.3, hspace=0.4)
+        paths["critical_batch_size_fits"] = _save(fig, out / "nqm_critical_batch_size_fits.png")
+        plt.close(fig)
+
+    return paths
+
+
+def _draw_group(args):
+    data, out_dir, names = args
+    return {k: str(v) for k, v in write_nqm_figures(data, out_dir, only=names).items()}
+
+
+def _warm_matplotlib(_=None):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot  # noqa: F401
+
+    return True
+
+
+def compute_and_draw_nqm_figures(out_dir: str | Path, workers: int = 2) -> tuple[dict, dict[str, Path], dict]:
+    """Compute the figure data and draw every figure, both spread over ``workers`` processes.
+
+    Returns ``(data, {name: path}, timings)`` with ``timings = {"compute_s", "draw_s"}``.
+    """
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    from batchlab.nqm.figures import figure_data
+
+    start = time.perf_counter()
+    if workers <= 1:
+        data = figure_data(workers=1)
+        computed = time.perf_counter()
+        paths = write_nqm_figures(data, out_dir)
+        return data, paths, {"compute_s": computed - start, "draw_s": time.perf_counter() - computed}
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        data = figure_data(pool=pool)
+        computed = time.perf_counter()
+        # The fits figure (many panels) is as heavy as the rest together: it gets a worker of its own.
+        groups = [["critical_batch_size_fits", "training_curves"], [n for n in FIGURES if n not in
+                  ("critical_batch_size_fits", "training_curves")]]
+        paths = {}
+        for part in pool.map(_draw_group, [(data, str(out_dir), g) for g in groups]):
+            paths.update({k: Path(v) for k, v in part.items()})
+    return data, paths, {"compute_s": computed - start, "draw_s": time.perf_counter() - computed}

@@ -1,0 +1,152 @@
+"""Export a store in the batch_science release layout (the inverse of the import).
+
+Writes ``<workload>/<batch_size>/study.json`` and ``<workload>/<batch_size>/<trial_id>/
+{metadata.json, measurements.csv}`` for every study and trial. ``measurements.csv`` has ``step``
+then one column per metric (sorted by name), one row per evaluated step, an empty cell where a
+metric was not evaluated at that step. Floats are written by Arrow's CSV writer, which prints the
+shortest decimal that parses back to the same double (``nan``, ``inf``, ``-inf`` included), so
+import -> export -> import gives bit-identical values. Fields without a column in the store
+(``_internal_*`` of metadata.json) are not reproduced; extra ``study.json`` fields are.
+
+The tree is built under a temporary sibling directory and renamed into place at the end, so an
+interrupted export leaves no partial ``--out`` directory.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from batchlab.errors import BatchlabError
+from batchlab.store.store import Store
+
+
+@dataclass
+class ExportReport:
+    """Counts written by an export."""
+
+    studies: int = 0
+    trials: int = 0
+    measurements: int = 0
+
+    def as_dict(self) -> dict:
+        return {"studies": self.studies, "trials": self.trials, "measurements": self.measurements}
+
+
+def _safe_parts(workload: str) -> list[str]:
+    parts = workload.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise BatchlabError(f"workload {workload!r} cannot be written as a directory path")
+    return parts
+
+
+def _csv_bytes(metrics: list[str], steps: np.ndarray, values: np.ndarray, present: np.ndarray) -> bytes:
+    """measurements.csv of one trial: ``steps`` (n,), ``values`` and ``present`` (n, metrics)."""
+    header = ",".join(["step", *metrics]) + "\n"
+    if len(steps) == 0:
+        return header.encode()
+    columns = {"step": pa.array(steps)}
+    for j in range(len(metrics)):
+        columns[f"c{j}"] = pa.array(values[:, j], mask=~present[:, j])  # missing -> empty cell
+    sink = io.BytesIO()
+    pacsv.write_csv(pa.table(columns), sink, pacsv.WriteOptions(include_header=False))
+    return header.encode() + sink.getvalue()
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True, allow_nan=True) + "\n")
+
+
+def export_batch_science(store: Store, out: str | Path) -> ExportReport:
+    """Write every study and trial of ``store`` under ``out`` (which must not exist or be empty)."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise BatchlabError(f"export target {out} exists and is not an empty directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".tmp-{uuid.uuid4().hex}-{out.name}")
+    report = ExportReport()
+    con = store.connect()
+    try:
+        workloads = {r[0]: r[1:] for r in con.execute(
+            "SELECT workload, dataset, model, optimizer FROM workloads").fetchall()}
+        studies = con.execute(
+            "SELECT s.workload, s.batch_size, s.search_space, s.train_steps, s.early_stopping "
+            "FROM studies s ORDER BY 1, 2").fetchall()
+        extras = {}
+        for f in store.state().files["studies"]:
+            t = pq.read_table(store.root / f, columns=["workload", "batch_size", "extra"])
+            for w, b, e in zip(*(t[c].to_pylist() for c in ("workload", "batch_size", "extra"))):
+                extras[(w, b)] = json.loads(e or "{}")
+        tmp.mkdir()
+        for workload, batch_size, search_space, train_steps, early_stopping in studies:
+            dataset, model, optimizer = workloads[workload]
+            sdir = tmp.joinpath(*_safe_parts(workload), str(batch_size))
+            sdir.mkdir(parents=True)
+            study = dict(extras.get((workload, batch_size), {}))
+            study.update({
+                "batch_size": batch_size, "dataset": dataset, "model": model,
+                "optimizer": optimizer, "early_stopping": bool(early_stopping),
+                "train_steps": 0 if train_steps is None else train_steps,
+                "parameter_configs": json.loads(search_space) if search_space else {},
+            })
+            _write_json(sdir / "study.json", study)
+            report.studies += 1
+            _export_study(con, sdir, workload, batch_size, report)
+        con.close()
+        os.replace(tmp, out)  # also replaces an empty directory
+    except BaseException:
+        con.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return report
+
+
+def _export_study(con, sdir: Path, workload: str, batch_size: int, report: ExportReport) -> None:
+    trials = con.execute(
+        "SELECT trial_id, parameters, status, steps FROM trials "
+        "WHERE workload = ? AND batch_size = ? ORDER BY trial_id", [workload, batch_size]).fetchall()
+    m = con.execute(
+        "SELECT trial_id, step, metric, value FROM measurements "
+        "WHERE workload = ? AND batch_size = ? ORDER BY trial_id, step", [workload, batch_size]
+    ).to_arrow_table()
+    metrics = sorted(set(m["metric"].to_pylist())) if m.num_rows else []
+    tids = m["trial_id"].combine_chunks().to_numpy(zero_copy_only=False)
+    steps = m["step"].combine_chunks().to_numpy(zero_copy_only=False)
+    values = m["value"].combine_chunks().to_numpy(zero_copy_only=False)
+    code = {name: j for j, name in enumerate(metrics)}
+    cols = np.array([code[x] for x in m["metric"].to_pylist()], np.int64) if m.num_rows else np.zeros(0, np.int64)
+    # one wide row per (trial, step): rows are sorted by (trial, step), so a new row starts
+    # wherever either changes
+    new_row = np.ones(len(tids), bool)
+    if len(tids):
+        new_row[1:] = (tids[1:] != tids[:-1]) | (steps[1:] != steps[:-1])
+    row = np.cumsum(new_row) - 1
+    n_rows = int(row[-1]) + 1 if len(row) else 0
+    wide = np.zeros((n_rows, len(metrics)))
+    present = np.zeros((n_rows, len(metrics)), bool)
+    wide[row, cols] = values
+    present[row, cols] = True
+    row_tid = tids[new_row]
+    row_step = steps[new_row]
+    bounds = np.searchsorted(row_tid, [t[0] for t in trials], side="left")
+    ends = np.searchsorted(row_tid, [t[0] for t in trials], side="right")
+    for (tid, parameters, status, steps_trained), lo, hi in zip(trials, bounds, ends):
+        tdir = sdir / str(tid)
+        tdir.mkdir()
+        _write_json(tdir / "metadata.json", {
+            "parameters": json.loads(parameters), "status": status, "steps": steps_trained,
+            "trial_id": tid,
+        })
+        (tdir / "measurements.csv").write_bytes(_csv_bytes(metrics, row_step[lo:hi], wide[lo:hi], present[lo:hi]))
+        report.trials += 1
+    report.measurements += m.num_rows

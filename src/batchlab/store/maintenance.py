@@ -1,0 +1,222 @@
+"""Store maintenance: counts (``store info``), compaction and garbage collection.
+
+Compaction merges the small Parquet files of each table into larger ones, outside the lock, from a
+snapshot of the state, then commits "remove the inputs, add the merged files" as one checkpoint
+entry, only if every input is still committed (another compaction may have won meanwhile). Rows
+are copied unchanged, so every query answers the same. Replaced files are deleted only once they
+were retired more than ``grace_seconds`` ago, so a reader that opened its views just before keeps
+working. Uncommitted files are deleted only when the process that wrote them is gone (its claim is
+no longer locked), so a running import or trial writer never loses a file.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from batchlab.store.files import TMP_PREFIX, exclusive_lock, fsync_directory
+from batchlab.store.log import LOCK_FILE, LOG_DIR, CommitPlan, StoreState, commit, read_state
+from batchlab.store.schema import SCHEMAS, STATUSES, TABLES
+from batchlab.store.store import DATA_DIR, PENDING_DIR, Store
+
+MERGE_TARGET_ROWS = 16_000_000  # rows per merged measurements file
+SMALL_FILE_ROWS = 4_000_000  # measurements files below this are merged
+
+
+def store_info(store: Store) -> dict:
+    """Counts of workloads, studies, trials by status and measurements, plus file counts."""
+    con = store.connect()
+    try:
+        by_status = dict(con.execute("SELECT status, count(*) FROM trials GROUP BY 1").fetchall())
+        counts = {name: con.execute(f"SELECT count(*) FROM {name}").fetchone()[0] for name in TABLES}
+    finally:
+        con.close()
+    state = store.state()
+    return {
+        "store": str(store.root),
+        "workloads": counts["workloads"],
+        "studies": counts["studies"],
+        "trials": {status: by_status.get(status, 0) for status in STATUSES},
+        "measurements": counts["measurements"],
+        "files": {name: len(state.files[name]) for name in TABLES},
+        "pending_trials": len(store.pending_headers()),
+        "commits": state.seq,
+    }
+
+
+def _rows(path: Path) -> int:
+    return pq.ParquetFile(path).metadata.num_rows
+
+
+def _merge_groups(store: Store, name: str, files: list[str]) -> list[list[str]]:
+    """Groups of committed files of table ``name`` to merge (each group becomes one file)."""
+    if name != "measurements":
+        return [files] if len(files) > 1 else []
+    groups, current, rows = [], [], 0
+    for rel in files:
+        n = _rows(store.root / rel)
+        if n >= SMALL_FILE_ROWS:
+            continue
+        current.append(rel)
+        rows += n
+        if rows >= MERGE_TARGET_ROWS:
+            groups.append(current)
+            current, rows = [], 0
+    if len(current) > 1:
+        groups.append(current)
+    return [g for g in groups if len(g) > 1]
+
+
+def _merge(store: Store, name: str, group: list[str]) -> str:
+    """Write the rows of ``group`` (in order) to one new uncommitted file; stream row groups."""
+    from batchlab.store.files import temporary_path
+
+    rel, path = store.new_data_path(name)
+    tmp = temporary_path(path)
+    schema = SCHEMAS[name]
+    try:
+        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+            for src in group:
+                reader = pq.ParquetFile(store.root / src)
+                for i in range(reader.num_row_groups):
+                    writer.write_table(reader.read_row_group(i).cast(schema), row_group_size=1 << 20)
+        fd = os.open(tmp, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return rel
+
+
+@dataclass
+class CompactReport:
+    """What a compaction did."""
+
+    merged: dict[str, int] = field(default_factory=dict)  # table -> input files merged
+    written: dict[str, int] = field(default_factory=dict)  # table -> merged files written
+    deleted_files: int = 0
+    deleted_log_entries: int = 0
+
+    def as_dict(self) -> dict:
+        return {"merged": self.merged, "written": self.written,
+                "deleted_files": self.deleted_files, "deleted_log_entries": self.deleted_log_entries}
+
+
+def compact(store: Store, grace_seconds: float = 600.0) -> CompactReport:
+    """Merge small files of every table and collect garbage; no query answer changes."""
+    report = CompactReport()
+    snapshot = store.state()
+    written: list[str] = []
+    removed: list[str] = []
+    add: dict[str, list[str]] = {}
+    try:
+        for name in TABLES:
+            for group in _merge_groups(store, name, snapshot.files[name]):
+                add.setdefault(name, []).append(_merge(store, name, group))
+                written.append(add[name][-1])
+                removed.extend(group)
+                report.merged[name] = report.merged.get(name, 0) + len(group)
+                report.written[name] = report.written.get(name, 0) + 1
+
+        def plan(state: StoreState) -> CommitPlan | None:
+            live = state.all_files()
+            if not removed or any(f not in live for f in removed):
+                return None  # another compaction replaced some inputs first: keep the store as is
+            return CommitPlan(operation="compact", add=add, remove=removed, checkpoint=True)
+
+        after = commit(store.root, plan)
+        if written and any(f not in after.all_files() for f in written):
+            raise RuntimeError("concurrent compaction")
+    except RuntimeError:
+        for rel in written:
+            (store.root / rel).unlink(missing_ok=True)
+        report = CompactReport()
+    except BaseException:
+        for rel in written:
+            (store.root / rel).unlink(missing_ok=True)
+        raise
+    deleted_files, deleted_entries = collect_garbage(store, grace_seconds)
+    report.deleted_files, report.deleted_log_entries = deleted_files, deleted_entries
+    return report
+
+
+def _claim_alive(pending: Path, claim_id: str) -> bool:
+    path = pending / f"{claim_id}.claim"
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            return True
+        raise
+    finally:
+        os.close(fd)
+    return False
+
+
+def collect_garbage(store: Store, grace_seconds: float) -> tuple[int, int]:
+    """Delete unreferenced data files whose writer is gone (and, for files a compaction replaced,
+    retired more than ``grace_seconds`` ago), dead claims, and log entries older than the latest
+    checkpoint by more than ``grace_seconds``. Returns (files deleted, log entries deleted)."""
+    root = store.root
+    now = time.time()
+    log_dir = root / LOG_DIR
+    pending = root / PENDING_DIR
+    deleted = 0
+    with exclusive_lock(root / LOCK_FILE):  # no commit may reference a file while we look
+        state = read_state(root)
+        live = state.all_files()
+        recently_retired: set[str] = set()  # readers may still use these
+        retired: set[str] = set()  # committed once, replaced by a compaction long ago
+        entries = []
+        for p in sorted(log_dir.glob("*.json")):
+            entry = json.loads(p.read_bytes())
+            entries.append((p, entry))
+            if now - entry["time"] < grace_seconds:
+                recently_retired.update(entry.get("remove", []))
+            else:
+                retired.update(entry.get("remove", []))
+        alive: dict[str, bool] = {}
+        for table in TABLES:
+            for path in (root / DATA_DIR / table).iterdir():
+                rel = f"{DATA_DIR}/{table}/{path.name}"
+                if rel in live or rel in recently_retired:
+                    continue
+                file_name = path.name
+                if file_name.startswith(TMP_PREFIX):  # ".tmp-<hex>-<final name>": a write cut short
+                    file_name = file_name[len(TMP_PREFIX):].split("-", 1)[-1]
+                claim = file_name.split("-", 1)[0]
+                if claim not in alive:
+                    alive[claim] = _claim_alive(pending, claim)
+                if rel in retired or not alive[claim]:
+                    path.unlink(missing_ok=True)
+                    deleted += 1
+        for claim_path in pending.glob("*.claim"):
+            claim = claim_path.stem
+            if claim != store._claim_id and not alive.get(claim, _claim_alive(pending, claim)):
+                claim_path.unlink(missing_ok=True)
+        for tmp in log_dir.glob(f"{TMP_PREFIX}*"):  # we hold the lock: no commit is being written
+            tmp.unlink(missing_ok=True)
+        # log entries before the latest checkpoint are not needed by new readers
+        last_checkpoint = max((e["seq"] for _, e in entries if "checkpoint" in e), default=0)
+        removed_entries = 0
+        for p, entry in entries:
+            if entry["seq"] < last_checkpoint and now - entry["time"] >= grace_seconds:
+                p.unlink(missing_ok=True)
+                removed_entries += 1
+        for name in TABLES:
+            fsync_directory(root / DATA_DIR / name)
+    return deleted, removed_entries

@@ -1,0 +1,372 @@
+"""The measurement store: a directory of immutable Parquet files queried through DuckDB views.
+
+Layout of a store directory::
+
+    batchlab-store.json       marker and format version
+    _lock                     commit lock (flock)
+    log/<seq>.json            commit log (see :mod:`batchlab.store.log`)
+    data/<table>/<uuid>.parquet
+    pending/<uuid>.jsonl      journals of trials being written (durable, never visible)
+
+Readers (:meth:`Store.connect`) open a fresh in-memory DuckDB connection whose views name only
+the files of committed trials, so they see whole trials only and no ``.duckdb`` file is shared.
+Many processes may write at once: data files get unique names and commits are serialised by a
+short lock, during which a commit drops trials whose ``trial_key`` is already published.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from batchlab.errors import BatchlabError, unknown_name_error
+from batchlab.store.files import write_bytes_atomic, write_parquet_atomic
+from batchlab.store.log import LOG_DIR, CommitPlan, StoreState, commit, read_state
+from batchlab.store.schema import SCHEMAS, STATUSES, TABLES, view_sql
+
+MARKER = "batchlab-store.json"
+FORMAT_VERSION = 1
+DATA_DIR = "data"
+PENDING_DIR = "pending"
+
+
+def split_workload(workload: str) -> tuple[str, str, str]:
+    """``dataset/model/optimizer`` -> its three parts; extra leading levels stay in the dataset.
+
+    ``mnist_subsets/mnist_6875/simple_cnn_base/nesterov_momentum`` gives dataset
+    ``mnist_subsets/mnist_6875``. Raises BatchlabError unless there are at least three parts.
+    """
+    parts = workload.split("/")
+    if len(parts) < 3 or any(not p for p in parts):
+        raise BatchlabError(
+            f"workload {workload!r} is not of the form dataset/model/optimizer (non-empty parts)"
+        )
+    return "/".join(parts[:-2]), parts[-2], parts[-1]
+
+
+class Store:
+    """A measurement store rooted at a directory (see the module docstring for the layout)."""
+
+    def __init__(self, root: Path, claim_id: str | None = None):
+        self.root = Path(root)
+        # Parquet files never change once written, so small tables are cached per file.
+        self._file_cache: dict[str, pa.Table] = {}
+        # Data files are written under a claim (see ``claim_id``); a forked worker reuses the
+        # claim of the process that will commit its files.
+        self._claim_id = claim_id
+        self._claim_fd: int | None = None
+
+    @property
+    def claim_id(self) -> str:
+        """The id prefixed to every data file this process writes before committing it.
+
+        ``pending/<id>.claim`` stays flock-ed while this process lives, which tells ``compact``
+        that the uncommitted files named ``<id>-*.parquet`` are in use and must be kept; once
+        the process is gone (even by SIGKILL) they are garbage.
+        """
+        if self._claim_id is None:
+            claim_id = uuid.uuid4().hex
+            fd = os.open(self.root / PENDING_DIR / f"{claim_id}.claim", os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            self._claim_id, self._claim_fd = claim_id, fd
+        return self._claim_id
+
+    # ----------------------------------------------------------------- opening
+    @classmethod
+    def open(cls, path: str | Path, create: bool = False) -> Store:
+        """Open the store at ``path``; with ``create=True`` make it if missing (or empty).
+
+        Raises BatchlabError if ``path`` is not a store and ``create`` is false, or if it is a
+        non-empty directory that is not a store.
+        """
+        root = Path(path)
+        marker = root / MARKER
+        if marker.is_file():
+            info = json.loads(marker.read_text())
+            if info.get("version") != FORMAT_VERSION:
+                raise BatchlabError(
+                    f"store {root} has format version {info.get('version')!r}; "
+                    f"this batchlab reads version {FORMAT_VERSION}"
+                )
+            return cls(root)
+        if root.exists() and not root.is_dir():
+            raise BatchlabError(f"store path {root} is a file, not a directory")
+        if not create:
+            raise BatchlabError(
+                f"no batchlab store at {root} (create one by importing or writing trials into it)"
+            )
+        if root.is_dir() and any(p.name != MARKER for p in root.iterdir()):
+            raise BatchlabError(f"{root} is a non-empty directory that is not a batchlab store")
+        root.mkdir(parents=True, exist_ok=True)
+        for sub in [LOG_DIR, PENDING_DIR, *(f"{DATA_DIR}/{t}" for t in TABLES)]:
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(
+            marker, json.dumps({"format": "batchlab-store", "version": FORMAT_VERSION}).encode()
+        )
+        return cls(root)
+
+    # ----------------------------------------------------------------- reading
+    def state(self) -> StoreState:
+        """The committed files of every table, now."""
+        return read_state(self.root)
+
+    def connect(self, threads: int | None = None):
+        """A fresh in-memory DuckDB connection with views ``workloads``, ``studies``, ``trials``
+        and ``measurements`` over the files committed at the time of the call."""
+        import duckdb
+
+        con = duckdb.connect()
+        if threads is not None:
+            con.execute(f"SET threads TO {int(threads)}")
+        state = self.state()
+        for name in TABLES:
+            files = [str(self.root / f) for f in state.files[name]]
+            con.execute(f"CREATE VIEW {name} AS {view_sql(name, files)}")
+        return con
+
+    def table(self, name: str) -> pa.Table:
+        """The view ``name`` as an Arrow table (``.to_pandas()`` for pandas)."""
+        if name not in TABLES:
+            raise unknown_name_error("table", name, TABLES)
+        con = self.connect()
+        try:
+            return con.table(name).to_arrow_table()
+        finally:
+            con.close()
+
+    def _read_files(self, files: Iterable[str], columns: list[str] | None = None) -> pa.Table:
+        tables = []
+        for rel in files:
+            table = self._file_cache.get(rel)
+            if table is None:
+                table = pq.read_table(self.root / rel)
+                self._file_cache[rel] = table
+            tables.append(table.select(columns) if columns else table)
+        if not tables:
+            return None
+        return pa.concat_tables(tables)
+
+    def _committed(self, name: str, state: StoreState, columns: list[str]) -> pa.Table:
+        table = self._read_files(state.files[name], columns)
+        return table if table is not None else pa.Table.from_batches([], SCHEMAS[name]).select(columns)
+
+    def finished_trial_keys(self) -> set[str]:
+        """Keys of every published (finished) trial."""
+        keys = self._committed("trials", self.state(), ["trial_key"]).column("trial_key")
+        return set(keys.to_pylist())
+
+    def next_trial_id(self, workload: str, batch_size: int) -> int:
+        """One more than the largest trial id used at (workload, batch_size), published or pending;
+        1 when there is none. Trial ids are unique per (workload, batch_size)."""
+        trials = self._committed("trials", self.state(), ["workload", "batch_size", "trial_id"])
+        mask = pc.and_(
+            pc.equal(trials["workload"], workload), pc.equal(trials["batch_size"], batch_size)
+        )
+        ids = pc.filter(trials["trial_id"], mask)
+        largest = pc.max(ids).as_py() if len(ids) else 0
+        for header in self.pending_headers():
+            if header["workload"] == workload and header["batch_size"] == batch_size:
+                largest = max(largest, header["trial_id"])
+        return largest + 1
+
+    def pending_headers(self) -> list[dict]:
+        """Headers of the journals of trials being written (or abandoned by a crash)."""
+        headers = []
+        for path in sorted((self.root / PENDING_DIR).glob("*.jsonl")):
+            try:
+                with open(path, "rb") as handle:
+                    first = handle.readline()
+                headers.append(json.loads(first)["header"])
+            except (FileNotFoundError, ValueError, KeyError):
+                continue  # finished (removed) meanwhile, or killed before its header was durable
+        return headers
+
+    # ----------------------------------------------------------------- writing
+    def trial_writer(
+        self,
+        *,
+        workload: str,
+        batch_size: int,
+        trial_id: int,
+        trial_key: str,
+        parameters: Mapping[str, Any],
+        seed: int | None = None,
+        source: str = "batchlab",
+        search_space: Mapping[str, Any] | None = None,
+        train_steps: int | None = None,
+        early_stopping: bool = False,
+        tags: Mapping[str, Any] | None = None,
+    ):
+        """Start writing one trial; see :class:`batchlab.store.writer.TrialWriter`."""
+        from batchlab.store.writer import TrialWriter
+
+        return TrialWriter(
+            self,
+            workload=workload,
+            batch_size=batch_size,
+            trial_id=trial_id,
+            trial_key=trial_key,
+            parameters=parameters,
+            seed=seed,
+            source=source,
+            search_space=search_space,
+            train_steps=train_steps,
+            early_stopping=early_stopping,
+            tags=tags,
+        )
+
+    def new_data_path(self, table: str) -> tuple[str, Path]:
+        """A fresh unique file name for ``table``: (path relative to the store, absolute path)."""
+        rel = f"{DATA_DIR}/{table}/{self.claim_id}-{uuid.uuid4().hex}.parquet"
+        return rel, self.root / rel
+
+    def write_data_file(self, table: str, data: pa.Table) -> str:
+        """Write ``data`` (cast to the table's schema) as a new, not yet committed, file."""
+        rel, path = self.new_data_path(table)
+        if table == "measurements":  # the big table: cheap compression, dictionaries for names only
+            write_parquet_atomic(data.cast(SCHEMAS[table]), path, compression="snappy",
+                                 use_dictionary=["workload", "metric"], row_group_size=1 << 18)
+        else:
+            write_parquet_atomic(data.cast(SCHEMAS[table]), path)
+        return rel
+
+    def publish(
+        self,
+        trials: pa.Table,
+        measurement_files: list[str],
+        workloads: pa.Table | None = None,
+        studies: pa.Table | None = None,
+        operation: str = "append",
+    ) -> int:
+        """Commit ``trials`` (TRIALS_SCHEMA rows) with their already written measurement files.
+
+        Under the store lock: trials whose ``trial_key`` is already published are dropped (their
+        measurements are filtered out of the given files, which are rewritten if needed); a trial
+        whose (workload, batch_size, trial_id) is already published under another key raises
+        BatchlabError and commits nothing. Workload and study rows already present are dropped.
+        Returns the number of trials published.
+        """
+        trials = trials.cast(SCHEMAS["trials"])
+        _check_unique_within(trials)
+        written: list[str] = []
+
+        published = [0]
+
+        def plan(state: StoreState) -> CommitPlan | None:
+            missing = [f for f in measurement_files if not (self.root / f).is_file()]
+            if missing:
+                raise BatchlabError(f"uncommitted data file {missing[0]} vanished before the commit")
+            committed = self._committed(
+                "trials", state, ["workload", "batch_size", "trial_id", "trial_key"]
+            )
+            new_trials = trials
+            m_files = list(measurement_files)
+            if committed.num_rows:
+                dup = pc.is_in(trials["trial_key"], committed["trial_key"])
+                if pc.any(dup).as_py():
+                    dropped = trials.filter(dup)
+                    new_trials = trials.filter(pc.invert(dup))
+                    m_files = self._drop_measurements(m_files, dropped, written)
+                _check_no_id_collision(new_trials, committed)
+            add: dict[str, list[str]] = {"measurements": m_files}
+            if new_trials.num_rows:
+                add["trials"] = [self.write_data_file("trials", new_trials)]
+            if workloads is not None and workloads.num_rows:
+                have = self._committed("workloads", state, ["workload"])["workload"]
+                fresh = workloads.filter(pc.invert(pc.is_in(workloads["workload"], have)))
+                if fresh.num_rows:
+                    add["workloads"] = [self.write_data_file("workloads", fresh)]
+            if studies is not None and studies.num_rows:
+                have = self._committed("studies", state, ["workload", "batch_size"])
+                fresh = _anti_join(studies, have, ["workload", "batch_size"])
+                if fresh.num_rows:
+                    add["studies"] = [self.write_data_file("studies", fresh)]
+            written.extend(f for name, files in add.items() if name != "measurements" for f in files)
+            published[0] = new_trials.num_rows
+            if not any(add.values()):
+                return None
+            return CommitPlan(operation=operation, add=add)
+
+        try:
+            commit(self.root, plan)
+        except BaseException:
+            for rel in written:
+                (self.root / rel).unlink(missing_ok=True)
+            raise
+        return published[0]
+
+    def _drop_measurements(self, files: list[str], dropped: pa.Table, written: list[str]) -> list[str]:
+        """Rewrite measurement ``files`` without the rows of the ``dropped`` trials."""
+        kept = []
+        keys = ["workload", "batch_size", "trial_id"]
+        for rel in files:
+            table = pq.read_table(self.root / rel)
+            remaining = _anti_join(table, dropped.select(keys), keys)
+            if remaining.num_rows == table.num_rows:
+                kept.append(rel)
+                continue
+            if remaining.num_rows:
+                new_rel = self.write_data_file("measurements", remaining)
+                written.append(new_rel)
+                kept.append(new_rel)
+            (self.root / rel).unlink(missing_ok=True)
+        return kept
+
+
+def _plain(table: pa.Table) -> pa.Table:
+    """``table`` with dictionary columns decoded (Arrow joins do not take dictionary columns)."""
+    for i, field in enumerate(table.schema):
+        if pa.types.is_dictionary(field.type):
+            table = table.set_column(i, field.name, table[field.name].cast(field.type.value_type))
+    return table
+
+
+def _anti_join(left: pa.Table, right: pa.Table, keys: list[str]) -> pa.Table:
+    """Rows of ``left`` whose ``keys`` do not occur in ``right`` (order not preserved)."""
+    if right.num_rows == 0 or left.num_rows == 0:
+        return left
+    right_keys = _plain(right.select(keys)).group_by(keys).aggregate([])
+    return _plain(left).join(right_keys, keys=keys, join_type="left anti")
+
+
+def _check_unique_within(trials: pa.Table) -> None:
+    keys = trials["trial_key"]
+    if len(pc.unique(keys)) != len(keys):
+        counts = pc.value_counts(keys)
+        dup = [v["values"] for v in counts.to_pylist() if v["counts"] > 1][0]
+        raise BatchlabError(f"trial key {dup!r} occurs twice in one commit; trial keys must be unique")
+    ids = trials.select(["workload", "batch_size", "trial_id"]).group_by(
+        ["workload", "batch_size", "trial_id"]
+    ).aggregate([])
+    if ids.num_rows != trials.num_rows:
+        raise BatchlabError("a trial id occurs twice for one workload and batch size in one commit")
+
+
+def _check_no_id_collision(new_trials: pa.Table, committed: pa.Table) -> None:
+    keys = ["workload", "batch_size", "trial_id"]
+    clash = new_trials.select(keys + ["trial_key"]).join(
+        committed.select(keys), keys=keys, join_type="inner"
+    )
+    if clash.num_rows:
+        row = clash.slice(0, 1).to_pylist()[0]
+        raise BatchlabError(
+            f"trial id {row['trial_id']} of {row['workload']} at batch size {row['batch_size']} is "
+            f"already published under another trial key (new key {row['trial_key']!r}); "
+            "use store.next_trial_id(...) for a free id"
+        )
+
+
+def validate_status(status: str) -> str:
+    """Return ``status`` if it is one of COMPLETE/INCOMPLETE/INFEASIBLE, else BatchlabError."""
+    if status not in STATUSES:
+        raise unknown_name_error("trial status", str(status), STATUSES)
+    return status

@@ -1,0 +1,242 @@
+"""Writing trials: one as it runs (:class:`TrialWriter`) or whole ones at once (:class:`TrialRecord`).
+
+A trial writer appends each evaluation to a journal ``<store>/pending/<uuid>.jsonl`` (flushed and
+fsynced, so measurements survive a crash) that no reader looks at. ``finish`` writes the
+measurements as one Parquet file and commits it with the trial row; only then does the trial
+become visible, whole. A writer that never finishes leaves only its journal: nothing visible, and
+its ``trial_key`` is not in ``finished_trial_keys()``.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+import os
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from batchlab.errors import BatchlabError
+from batchlab.store.schema import SCHEMAS
+from batchlab.store.store import PENDING_DIR, Store, split_workload, validate_status
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One whole trial to publish with :func:`publish_trials`.
+
+    ``measurements`` holds ``(step, metric, value)`` triples; ``step`` counts optimizer updates.
+    ``search_space`` (batch_science ``parameter_configs``), ``train_steps``, ``early_stopping``
+    and ``tags`` describe the study and workload; they are recorded the first time the study or
+    workload appears in the store.
+    """
+
+    workload: str
+    batch_size: int
+    trial_id: int
+    trial_key: str
+    parameters: Mapping[str, Any]
+    status: str
+    steps: int
+    seed: int | None = None
+    source: str = "batchlab"
+    measurements: Sequence[tuple[int, str, float]] = ()
+    search_space: Mapping[str, Any] | None = None
+    train_steps: int | None = None
+    early_stopping: bool = False
+    tags: Mapping[str, Any] | None = field(default=None)
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    """``value`` as an int (numpy integers accepted) if it is an integer >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise BatchlabError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _check_value(metric: str, value: Any) -> float:
+    if not isinstance(metric, str) or not metric:
+        raise BatchlabError(f"metric names must be non-empty strings, got {metric!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise BatchlabError(f"value of metric {metric!r} must be a number, got {value!r}") from None
+
+
+def _validate_record(r: TrialRecord) -> None:
+    split_workload(r.workload)
+    _check_int("batch_size", r.batch_size, 1)
+    _check_int("trial_id", r.trial_id, 0)
+    _check_int("steps", r.steps, 0)
+    validate_status(r.status)
+    if not isinstance(r.trial_key, str) or not r.trial_key:
+        raise BatchlabError(f"trial_key must be a non-empty string, got {r.trial_key!r}")
+    if r.seed is not None:
+        _check_int("seed", r.seed, 0)
+    if r.train_steps is not None:
+        _check_int("train_steps", r.train_steps, 0)
+
+
+def _plain_json(value: Any) -> Any:
+    """JSON fallback for numpy scalars and arrays (their ``item``/``tolist``)."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, allow_nan=True, default=_plain_json)
+
+
+def _rows(records: Sequence[TrialRecord]) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
+    """(trials, measurements, workloads, studies) Arrow tables for ``records``."""
+    trials = pa.Table.from_pylist(
+        [
+            {
+                "workload": r.workload, "batch_size": int(r.batch_size), "trial_id": int(r.trial_id),
+                "trial_key": r.trial_key, "parameters": _json(dict(r.parameters)),
+                "status": r.status, "steps": int(r.steps),
+                "seed": None if r.seed is None else int(r.seed), "source": r.source,
+            }
+            for r in records
+        ],
+        schema=SCHEMAS["trials"],
+    )
+    m_cols: dict[str, list] = {k: [] for k in ("workload", "batch_size", "trial_id", "step", "metric", "value")}
+    for r in records:
+        seen = set()
+        for step, metric, value in r.measurements:
+            step = _check_int("step", step, 0)
+            value = _check_value(metric, value)
+            if (step, metric) in seen:
+                raise BatchlabError(
+                    f"trial {r.trial_key!r} records metric {metric!r} twice at step {step}"
+                )
+            seen.add((step, metric))
+            for k, v in zip(m_cols, (r.workload, r.batch_size, r.trial_id, step, metric, value)):
+                m_cols[k].append(v)
+    measurements = pa.table(
+        {k: pa.array(v, SCHEMAS["measurements"].field(k).type.value_type
+                     if pa.types.is_dictionary(SCHEMAS["measurements"].field(k).type)
+                     else SCHEMAS["measurements"].field(k).type) for k, v in m_cols.items()}
+    ).cast(SCHEMAS["measurements"])
+    workloads = {}
+    studies = {}
+    for r in records:
+        dataset, model, optimizer = split_workload(r.workload)
+        workloads.setdefault(r.workload, {
+            "workload": r.workload, "dataset": dataset, "model": model, "optimizer": optimizer,
+            "tags": _json(dict(r.tags or {})),
+        })
+        studies.setdefault((r.workload, int(r.batch_size)), {
+            "workload": r.workload, "batch_size": int(r.batch_size),
+            "search_space": None if r.search_space is None else _json(dict(r.search_space)),
+            "train_steps": None if r.train_steps is None else int(r.train_steps), "early_stopping": bool(r.early_stopping), "extra": "{}",
+        })
+    return (
+        trials,
+        measurements,
+        pa.Table.from_pylist(list(workloads.values()), schema=SCHEMAS["workloads"]),
+        pa.Table.from_pylist(list(studies.values()), schema=SCHEMAS["studies"]),
+    )
+
+
+def publish_trials(store: Store, records: Sequence[TrialRecord]) -> int:
+    """Publish whole trials in one atomic commit; returns how many were new.
+
+    Trials whose ``trial_key`` is already published are skipped (so re-publishing is harmless).
+    BatchlabError for invalid fields, or a trial id already used at that workload and batch size
+    under another key.
+    """
+    for r in records:
+        _validate_record(r)
+    if not records:
+        return 0
+    trials, measurements, workloads, studies = _rows(records)
+    files = [store.write_data_file("measurements", measurements)] if measurements.num_rows else []
+    try:
+        return store.publish(trials, files, workloads, studies)
+    except BaseException:
+        for rel in files:
+            (store.root / rel).unlink(missing_ok=True)
+        raise
+
+
+class TrialWriter:
+    """Writes one trial as it runs: ``record`` per evaluation, then ``finish`` to publish it."""
+
+    def __init__(self, store: Store, **fields: Any):
+        self.store = store
+        self._fields = fields
+        self._record = TrialRecord(status="COMPLETE", steps=0, **fields)
+        _validate_record(self._record)
+        self._measurements: list[tuple[int, str, float]] = []
+        self._seen: set[tuple[int, str]] = set()
+        self._finished = False
+        self.journal_path = store.root / PENDING_DIR / f"{uuid.uuid4().hex}.jsonl"
+        header = {k: v for k, v in fields.items()}
+        header["parameters"] = dict(fields["parameters"])
+        for key in ("search_space", "tags"):
+            if header[key] is not None:
+                header[key] = dict(header[key])
+        self._journal = open(self.journal_path, "x", encoding="utf-8")
+        self._append({"header": header})
+
+    @property
+    def trial_key(self) -> str:
+        return self._record.trial_key
+
+    def _append(self, entry: dict) -> None:
+        self._journal.write(json.dumps(entry, allow_nan=True, default=_plain_json) + "\n")
+        self._journal.flush()
+        os.fsync(self._journal.fileno())
+
+    def record(self, step: int, values: Mapping[str, float]) -> None:
+        """Record the metrics evaluated after ``step`` updates; durable at return, not visible.
+
+        BatchlabError for a negative or non-integer step, a non-numeric value, a metric recorded
+        twice at one step, or a writer already finished.
+        """
+        if self._finished:
+            raise BatchlabError(f"trial {self.trial_key!r} is already finished")
+        step = _check_int("step", step, 0)
+        clean = {}
+        for metric, value in values.items():
+            value = _check_value(metric, value)
+            if (step, metric) in self._seen:
+                raise BatchlabError(
+                    f"trial {self.trial_key!r} records metric {metric!r} twice at step {step}"
+                )
+            clean[metric] = value
+        self._append({"step": step, "values": clean})
+        for metric, value in clean.items():
+            self._seen.add((step, metric))
+            self._measurements.append((step, metric, value))
+
+    def finish(self, status: str = "COMPLETE", steps: int | None = None) -> bool:
+        """Publish the whole trial atomically with ``status`` and ``steps`` (updates trained;
+        default: the last recorded step, or 0). Returns False (and publishes nothing) if a trial
+        with this key was already published. The journal is removed afterwards."""
+        if self._finished:
+            raise BatchlabError(f"trial {self.trial_key!r} is already finished")
+        validate_status(status)
+        if steps is None:
+            steps = max((s for s, _, _ in self._measurements), default=0)
+        record = TrialRecord(
+            status=status, steps=steps, measurements=self._measurements, **self._fields
+        )
+        published = publish_trials(self.store, [record]) == 1
+        self._finished = True
+        self._journal.close()
+        self.journal_path.unlink(missing_ok=True)
+        return published
+
+    def __del__(self):
+        journal = getattr(self, "_journal", None)
+        if journal is not None and not journal.closed:
+            journal.close()
+
+

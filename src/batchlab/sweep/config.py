@@ -1,0 +1,207 @@
+"""The sweep definition: a pydantic model, loaded from TOML or built from command-line options.
+
+A sweep is the product workloads x optimizers x batch sizes; each (workload, optimizer, batch size)
+is one *study* with ``trials`` quasi-random points of its optimizer's search space and one step
+budget. Everything is validated here, before any trial runs: a bad value becomes one
+:class:`~batchlab.errors.BatchlabError` line naming the field and the allowed values.
+
+TOML layout (all keys top level; ``search_spaces`` and ``budgets`` are tables)::
+
+    workloads = ["mnist/fc_128_128_128"]
+    optimizers = ["sgd", "momentum"]
+    batch_sizes = [16, 64, 256]
+    trials = 16
+    store = "runs/fc128"
+    steps = 2000               # default budget; absent: each workload's default_steps
+    train_examples = 10000     # absent: the whole training set
+    seed = 0
+    stop_at_goal = true
+    grow_budget = false        # raise the budget of studies whose trials all ran out of steps
+    executor = "local"         # or "dask" (with workers = K: a LocalCluster on 127.0.0.1)
+    # scheduler = "tcp://10.0.0.1:8786"   # an existing Dask scheduler
+    workers = 2                # absent: the number of cores
+    vectorize = "auto"         # "auto" | "always" | "never"
+    # evaluations = 20         # regular evaluations per trial (absent: the workload's schedule)
+
+    [budgets]                  # per-batch-size step budgets (override ``steps``)
+    16 = 4000
+
+    [search_spaces.momentum.learning_rate]   # batch_science parameter_configs, per optimizer
+    type = "DOUBLE"
+    min_value = 1e-3
+    max_value = 10.0
+    scale = "LOG_SCALE"
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from batchlab.errors import BatchlabError, unknown_name_error
+
+#: The largest number of trials per study; trial ids of grown budgets are offset by this stride.
+MAX_TRIALS_PER_STUDY = 100_000
+
+
+class SweepConfig(BaseModel):
+    """A validated sweep definition (see the module docstring for the meaning of each field)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    workloads: list[str] = Field(min_length=1)
+    optimizers: list[str] = Field(min_length=1)
+    batch_sizes: list[int] = Field(min_length=1)
+    trials: int = Field(ge=1, le=MAX_TRIALS_PER_STUDY)
+    store: str | None = None
+    steps: int | None = Field(default=None, ge=1)
+    budgets: dict[int, int] = Field(default_factory=dict)
+    train_examples: int | None = Field(default=None, ge=1)
+    seed: int = Field(default=0, ge=0, lt=2**31)
+    stop_at_goal: bool = True
+    grow_budget: bool = False
+    grow_factor: float = Field(default=2.0, gt=1.0, le=100.0)
+    max_budget_growths: int = Field(default=2, ge=0, le=10)
+    executor: Literal["local", "dask"] = "local"
+    workers: int | None = Field(default=None, ge=1, le=4096)
+    scheduler: str | None = None
+    evaluations: int | None = Field(default=None, ge=1, le=10_000)
+    vectorize: Literal["auto", "always", "never"] = "auto"
+    vectorize_trials: int = Field(default=16, ge=1, le=1024)
+    search_spaces: dict[str, dict[str, dict[str, Any]]] = Field(default_factory=dict)
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _positive_unique_batch_sizes(cls, value: list[int]) -> list[int]:
+        if any(b < 1 for b in value):
+            raise ValueError(f"batch sizes must be positive integers, got {value}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"batch sizes must be distinct, got {value}")
+        return sorted(value)
+
+    @field_validator("workloads", "optimizers")
+    @classmethod
+    def _distinct_names(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"names must be distinct, got {value}")
+        return value
+
+    @field_validator("scheduler")
+    @classmethod
+    def _scheduler_address(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"(tcp|tls|inproc|ucx)://[^\s/:]+(:\d+)?", value):
+            raise ValueError(f"scheduler must look like tcp://HOST:PORT, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _cross_field_checks(self) -> "SweepConfig":
+        unknown = sorted(set(self.budgets) - set(self.batch_sizes))
+        if unknown:
+            raise ValueError(
+                f"budgets: batch sizes {unknown} are not in batch_sizes; allowed: {self.batch_sizes}"
+            )
+        bad = {b: s for b, s in self.budgets.items() if s < 1}
+        if bad:
+            raise ValueError(f"budgets: step budgets must be >= 1, got {bad}")
+        extra = sorted(set(self.search_spaces) - set(self.optimizers))
+        if extra:
+            raise ValueError(f"search_spaces: optimizers {extra} are not in optimizers; allowed: {self.optimizers}")
+        return self
+
+    @property
+    def uses_dask(self) -> bool:
+        """True when trials run on Dask (``executor = "dask"`` or a ``scheduler`` address)."""
+        return self.executor == "dask" or self.scheduler is not None
+
+    def study_steps(self, workload_default_steps: int, batch_size: int) -> int:
+        """The step budget of the study at ``batch_size`` (before any growth)."""
+        if batch_size in self.budgets:
+            return self.budgets[batch_size]
+        return self.steps if self.steps is not None else int(workload_default_steps)
+
+    def resolved_workers(self) -> int:
+        """Number of worker processes: ``workers`` or the number of usable cores."""
+        if self.workers is not None:
+            return self.workers
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:  # pragma: no cover - not Linux
+            return max(1, os.cpu_count() or 1)
+
+
+def parse_sweep_config(data: dict[str, Any], source: str = "sweep config") -> SweepConfig:
+    """Validate ``data`` into a :class:`SweepConfig`, checking workload, optimizer and search-space names.
+
+    Raises:
+        BatchlabError: one line naming ``source``, the field and the allowed values.
+    """
+    try:
+        config = SweepConfig.model_validate(data)
+    except ValidationError as exc:
+        raise BatchlabError(f"{source}: {_one_line(exc)}") from None
+    check_names(config, source)
+    return config
+
+
+def load_sweep_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> SweepConfig:
+    """Read a TOML sweep file, apply command-line ``overrides`` (non-None values win), validate.
+
+    Raises:
+        BatchlabError: the file is missing, not TOML, or invalid (one line naming the field).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BatchlabError(f"sweep config {str(path)!r} does not exist") from None
+    except OSError as exc:
+        raise BatchlabError(f"cannot read sweep config {str(path)!r}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise BatchlabError(f"{path}: not valid TOML: {str(exc).splitlines()[0]}") from None
+    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return parse_sweep_config(data, source=str(path))
+
+
+def check_names(config: SweepConfig, source: str = "sweep config") -> None:
+    """Check workload and optimizer names against the registries and parse every search space."""
+    from batchlab.optim import optimizer_names
+    from batchlab.workloads import get_workload
+
+    for name in config.workloads:
+        try:
+            get_workload(name)
+        except BatchlabError as exc:
+            raise BatchlabError(f"{source}: field 'workloads': {exc}") from None
+    known = optimizer_names()
+    for name in config.optimizers:
+        if name not in known:
+            raise BatchlabError(f"{source}: field 'optimizers': {unknown_name_error('optimizer', name, known)}")
+    if config.search_spaces:
+        from batchlab.search import SearchSpace
+
+        for optimizer, configs in config.search_spaces.items():
+            try:
+                SearchSpace.from_batch_science(configs)
+            except BatchlabError as exc:
+                raise BatchlabError(f"{source}: field 'search_spaces.{optimizer}': {exc}") from None
+
+
+def _one_line(exc: ValidationError) -> str:
+    """The first validation error as ``field 'a.b': message; allowed ...`` on one line."""
+    error = exc.errors()[0]
+    loc = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    if error["type"] == "extra_forbidden":
+        allowed = ", ".join(SweepConfig.model_fields)
+        return f"unknown field {loc!r}; allowed fields: {allowed}"
+    if error["type"] == "missing":
+        return f"field {loc!r} is required"
+    message = str(error["msg"]).replace("\n", " ")
+    message = message.removeprefix("Value error, ")
+    return f"field {loc!r}: {message}"

@@ -1,0 +1,359 @@
+"""The sweep driver: plan, skip what is finished, run the rest on an executor, publish, summarize.
+
+Flow: :func:`prepare_sweep` validates everything that can be checked without training (names,
+search spaces, batch sizes against the training set, metaparameters against the optimizer, trial
+ids already in the store under other keys) and writes nothing. :func:`run_sweep` then opens (or
+creates) the store, skips trials whose keys are published, submits the rest as tasks, and publishes
+each finished task's trials in one atomic store commit. The driver is the only writer, so:
+
+* a SIGKILL of the driver loses the tasks in flight (workers die with it) and nothing else; the
+  next run skips every published trial and re-runs the others, with the same ids, seeds and points;
+* a SIGKILL of a worker loses its task, which the driver runs again (the store's
+  ``publish_trials`` also skips keys already published, so no trial is ever stored twice).
+
+The vectorization rule (``vectorize = "auto"``): a study runs its trials K at a time
+(``vectorize_trials``) as one batched computation when its optimizer is vectorizable (sgd,
+momentum, nesterov, adam), no trial uses ``ema_decay`` or a differing ``label_smoothing``, and
+``batch_size * num_parameters <= VECTORIZE_MAX_WORK`` (small steps, where per-operation overhead
+dominates and batching trials pays; ``benchmarks/sweep_throughput.py`` measures it). K shrinks so that
+every worker gets a task.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchlab.errors import BatchlabError
+from batchlab.sweep.budget import ran_out_of_steps
+from batchlab.sweep.config import SweepConfig
+from batchlab.sweep.plan import StudyPlan, TrialPlan, TrialTask, make_tasks, plan_studies
+from batchlab.sweep.worker import TrialOutcome, measurement_triples, run_task
+
+#: ``batch_size * num_parameters`` up to which ``vectorize = "auto"`` batches trials (see module docstring).
+VECTORIZE_MAX_WORK = 64 * 140_000
+VECTORIZED_OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")
+
+
+@dataclass
+class StudyProgress:
+    """Counts of one study (all its budget rounds): trials done, diverged, remaining."""
+
+    study: StudyPlan
+    total: int
+    done: int = 0
+    diverged: int = 0
+    skipped: int = 0  # finished before this run (resume)
+    vectorized: bool = False
+
+    @property
+    def remaining(self) -> int:
+        return self.total - self.done
+
+
+@dataclass
+class SweepPlan:
+    """A validated sweep, ready to run: its config and studies (round 0)."""
+
+    config: SweepConfig
+    store_path: str
+    studies: list[StudyPlan]
+    num_parameters: dict[str, int] = field(default_factory=dict)
+
+
+class Reporter:
+    """Receives the sweep's events (the CLI prints them as progress bars or JSON lines)."""
+
+    def start(self, plan: SweepPlan, progress: list[StudyProgress], info: dict) -> None: ...
+    def trial(self, progress: StudyProgress, outcome: TrialOutcome, totals: dict) -> None: ...
+    def study_added(self, progress: StudyProgress) -> None: ...
+    def worker_lost(self, keys: list[str]) -> None: ...
+    def budget_grown(self, old: StudyPlan, new: StudyPlan) -> None: ...
+    def finish(self, summary: "SweepSummary") -> None: ...
+
+
+@dataclass
+class SweepSummary:
+    """The end of a sweep: per workload, steps to result per batch size and the fitted critical batch sizes."""
+
+    store_path: str
+    wall_time_s: float
+    trials_run: int
+    trials_skipped: int
+    workers_lost: int
+    grown: list[dict]
+    results: dict[str, list]  # store workload -> list[BatchSizeResult]
+    fits: dict[str, dict | None]  # store workload -> summarize_curve(...) or None
+    fit_errors: dict[str, str]
+    executor: str
+    workers: int
+
+
+def prepare_sweep(config: SweepConfig, store_path: str | None = None) -> SweepPlan:
+    """Validate ``config`` fully (nothing is written) and return the plan.
+
+    Raises:
+        BatchlabError: no store path, a batch size larger than the training set, a search-space
+            parameter the optimizer does not accept, or trial ids in the store under other keys.
+    """
+    from batchlab.optim import optimizer_defaults
+    from batchlab.workloads import get_workload
+
+    path = store_path or config.store
+    if not path:
+        raise BatchlabError("no store given; pass --store DIR or set store = \"DIR\" in the sweep config")
+    studies = plan_studies(config)
+    num_parameters = {}
+    for name in config.workloads:
+        workload = get_workload(name)
+        available = int(workload.split_sizes["train"])
+        num_train = min(config.train_examples or available, available)
+        if config.train_examples is not None and config.train_examples > available:
+            raise BatchlabError(
+                f"train_examples {config.train_examples} exceeds the {available} training examples of {name}; "
+                f"allowed: 1 to {available}"
+            )
+        too_big = [b for b in config.batch_sizes if b > num_train]
+        if too_big:
+            raise BatchlabError(
+                f"batch sizes {too_big} exceed the training set of {name} ({num_train} examples); "
+                f"allowed: 1 to {num_train}"
+            )
+        num_parameters[name] = workload.num_parameters()
+    for study in studies:
+        allowed = optimizer_defaults(study.optimizer)
+        for point in study.points[:1]:
+            unknown = sorted(set(point) - set(allowed))
+            if unknown:
+                raise BatchlabError(
+                    f"search space of {study.optimizer} has parameters {unknown} the optimizer does not take; "
+                    f"allowed: {', '.join(allowed)}"
+                )
+    _check_store_ids(path, studies)
+    return SweepPlan(config=config, store_path=str(path), studies=studies, num_parameters=num_parameters)
+
+
+def _check_store_ids(path: str, studies: list[StudyPlan]) -> None:
+    """BatchlabError if the store holds a planned trial id under another key (another sweep's settings)."""
+    from pathlib import Path
+
+    from batchlab.store import Store
+
+    root = Path(path)
+    if not root.exists() or (root.is_dir() and not any(root.iterdir())):
+        return
+    store = Store.open(root, create=False)  # BatchlabError if it is something else
+    trials = store.table("trials").select(["workload", "batch_size", "trial_id", "trial_key"]).to_pylist()
+    held = {(t["workload"], t["batch_size"], t["trial_id"]): t["trial_key"] for t in trials}
+    for study in studies:
+        for trial in study.trial_plans():
+            key = held.get((study.store_workload, study.batch_size, trial.trial_id))
+            if key is not None and key != trial.key:
+                raise BatchlabError(
+                    f"store {path} already holds trial {trial.trial_id} of {study.store_workload} at batch size "
+                    f"{study.batch_size} from a sweep with other settings (key {key!r}); allowed: the same "
+                    "settings (to resume) or another --store"
+                )
+
+
+def should_vectorize(config: SweepConfig, study: StudyPlan, num_parameters: int) -> bool:
+    """Whether ``study`` runs its trials vectorized (the rule in the module docstring)."""
+    if config.vectorize == "never" or study.trials < 2 or study.optimizer not in VECTORIZED_OPTIMIZERS:
+        return False
+    points = study.points
+    if any(p.get("ema_decay") is not None for p in points):
+        return False
+    if len({float(p.get("label_smoothing") or 0.0) for p in points}) > 1:
+        return False
+    if config.vectorize == "always":
+        return True
+    return study.batch_size * num_parameters <= VECTORIZE_MAX_WORK
+
+
+def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
+              executor_factory: Callable[..., Any] | None = None) -> SweepSummary:
+    """Run the planned sweep to the end (see the module docstring) and return its summary."""
+    from batchlab.store import Store, TrialRecord, publish_trials
+    from batchlab.sweep.executors import make_executor
+
+    reporter = reporter or Reporter()
+    config = plan.config
+    started = time.perf_counter()
+    store = Store.open(plan.store_path, create=True)
+    finished = store.finished_trial_keys()
+    workers = config.resolved_workers()
+    factory = executor_factory or make_executor
+    executor = factory(run_task, workers=workers, dask=config.uses_dask, scheduler=config.scheduler)
+
+    progress: dict[tuple[str, int], StudyProgress] = {}
+    round_state: dict[tuple[str, int, int], dict] = {}  # per study round: pending keys, outcomes
+    task_progress: dict[str, StudyProgress] = {}
+    counters = {"run": 0, "skipped": 0, "lost": 0}
+    grown: list[dict] = []
+
+    def study_id(study: StudyPlan) -> tuple[str, int]:
+        return (study.store_workload, study.batch_size)
+
+    def submit_round(study: StudyPlan) -> None:
+        entry = progress[study_id(study)]
+        trials = study.trial_plans()
+        done_before = [t for t in trials if t.key in finished]
+        todo = [t for t in trials if t.key not in finished]
+        entry.skipped += len(done_before)
+        entry.done += len(done_before)
+        counters["skipped"] += len(done_before)
+        state = round_state[(*study_id(study), study.budget_round)] = {
+            "study": study, "pending": {t.key for t in todo}, "keys": [t.key for t in trials]
+        }
+        entry.vectorized = should_vectorize(config, study, plan.num_parameters[study.workload])
+        group = config.vectorize_trials
+        if entry.vectorized:  # K shrinks when there would be fewer tasks than workers
+            group = max(1, min(group, math.ceil(planned_todo / workers)))
+        tasks = make_tasks(study, todo, entry.vectorized, group)
+        if initial is not None:
+            initial.extend(tasks)
+        else:
+            for task in tasks:
+                executor.submit(task)
+        if not state["pending"]:
+            finish_round(study)
+
+    def finish_round(study: StudyPlan) -> None:
+        """All trials of this round are published: apply the budget-growth rule."""
+        if not config.grow_budget or study.budget_round >= config.max_budget_growths:
+            return
+        state = round_state[(*study_id(study), study.budget_round)]
+        if ran_out_of_steps(_outcomes_by_key(store, study, state["keys"]).values()):
+            bigger = study.grown(config.grow_factor)
+            entry = progress[study_id(study)]
+            entry.total += bigger.trials
+            grown.append({"workload": study.store_workload, "batch_size": study.batch_size,
+                          "from_steps": study.steps, "to_steps": bigger.steps, "round": bigger.budget_round})
+            reporter.budget_grown(study, bigger)
+            submit_round(bigger)
+
+    planned_todo = sum(1 for s in plan.studies for t in s.trial_plans() if t.key not in finished)
+    for study in plan.studies:
+        progress[study_id(study)] = StudyProgress(study=study, total=study.trials)
+    reporter.start(plan, list(progress.values()),
+                   {"executor": executor.kind, "workers": executor.workers, "store": plan.store_path,
+                    "finished_before": sum(1 for s in plan.studies for t in s.trial_plans() if t.key in finished)})
+    try:
+        initial: list[TrialTask] | None = []
+        for study in plan.studies:
+            submit_round(study)
+        # Longest tasks first: shortens the sweep's makespan and spreads every optimizer over time.
+        for task in sorted(initial, key=lambda t: -t.estimated_cost):
+            executor.submit(task)
+        initial = None
+        for outcome in executor.outcomes():
+            task: TrialTask = outcome.task
+            if outcome.lost:
+                counters["lost"] += 1
+                reporter.worker_lost([t.key for t in task.trials])
+                finished |= store.finished_trial_keys()
+                rerun = [t for t in task.trials if t.key not in finished]
+                if rerun:
+                    executor.submit(TrialTask(task.study, tuple(rerun), task.vectorized))
+                continue
+            if outcome.error is not None:
+                error = outcome.error
+                if isinstance(error, BatchlabError):
+                    raise BatchlabError(f"trial {task.trials[0].key}: {error}") from None
+                raise error
+            _publish(store, task, outcome.result, TrialRecord, publish_trials)
+            study = task.study
+            entry = progress[study_id(study)]
+            state = round_state[(*study_id(study), study.budget_round)]
+            for result in outcome.result:
+                finished.add(result.key)
+                state["pending"].discard(result.key)
+                entry.done += 1
+                entry.diverged += int(result.diverged)
+                counters["run"] += 1
+                reporter.trial(entry, result, {"run": counters["run"], "skipped": counters["skipped"]})
+            if not state["pending"]:
+                finish_round(study)
+    except BaseException:
+        executor.abort()  # published trials stay; the ones in flight are lost and re-run next time
+        raise
+    else:
+        executor.close()
+
+    summary = summarize(store, plan, time.perf_counter() - started, counters, grown, executor.kind, executor.workers)
+    reporter.finish(summary)
+    return summary
+
+
+def _publish(store, task: TrialTask, outcomes: list[TrialOutcome], TrialRecord, publish_trials) -> None:
+    study = task.study
+    records = [
+        TrialRecord(
+            workload=study.store_workload, batch_size=study.batch_size, trial_id=o.trial_id, trial_key=o.key,
+            parameters=o.parameters, status=o.status, steps=o.steps, seed=o.seed, source="batchlab",
+            measurements=measurement_triples(o), search_space=study.search_space, train_steps=study.steps,
+            early_stopping=study.stop_at_goal,
+            tags={"metric": study.metric, "goal": study.goal, "maximize": study.maximize},
+        )
+        for o in outcomes
+    ]
+    publish_trials(store, records)
+
+
+def _outcomes_by_key(store, study: StudyPlan, keys: list[str]) -> dict[str, tuple[str, int | None]]:
+    """``{trial_key: (status, first step beating the goal or None)}`` for published ``keys``."""
+    import pyarrow as pa
+
+    con = store.connect()
+    try:
+        con.register("wanted", pa.table({"trial_key": keys}))
+        op = ">" if study.maximize else "<"
+        rows = con.execute(
+            f"""
+            SELECT t.trial_key, any_value(t.status),
+                   min(m.step) FILTER (WHERE m.metric = ? AND m.value {op} ? AND isfinite(m.value))
+            FROM trials t JOIN wanted USING (trial_key)
+            LEFT JOIN measurements m
+              ON m.workload = t.workload AND m.batch_size = t.batch_size AND m.trial_id = t.trial_id
+            GROUP BY t.trial_key
+            """,
+            [study.metric, study.goal],
+        ).fetchall()
+    finally:
+        con.close()
+    return {key: (status, None if first is None else int(first)) for key, status, first in rows}
+
+
+def summarize(store, plan: SweepPlan, wall_time_s: float, counters: dict, grown: list[dict], executor: str,
+              workers: int) -> SweepSummary:
+    """Steps to result per batch size (analysis.steps_to_result over the store) and the S(B) fits."""
+    from batchlab.analysis.critical_batch_size import summarize_curve
+    from batchlab.analysis.steps_to_result import steps_curve, steps_to_result
+
+    results, fits, errors = {}, {}, {}
+    con = store.connect()
+    try:
+        seen = set()
+        for study in plan.studies:
+            if study.store_workload in seen:
+                continue
+            seen.add(study.store_workload)
+            rows = steps_to_result(con, study.store_workload, study.metric, study.goal, maximize=study.maximize)
+            wanted = set(plan.config.batch_sizes)
+            rows = [r for r in rows if r.batch_size in wanted]
+            results[study.store_workload] = rows
+            try:
+                fits[study.store_workload] = summarize_curve(steps_curve(rows, label=study.store_workload))
+            except BatchlabError as exc:
+                fits[study.store_workload] = None
+                errors[study.store_workload] = str(exc)
+    finally:
+        con.close()
+    return SweepSummary(
+        store_path=plan.store_path, wall_time_s=wall_time_s, trials_run=counters["run"],
+        trials_skipped=counters["skipped"], workers_lost=counters["lost"], grown=grown, results=results,
+        fits=fits, fit_errors=errors, executor=executor, workers=workers,
+    )

@@ -1,0 +1,87 @@
+"""What a worker runs: one task (one trial, or K trials vectorized) -> plain, picklable results.
+
+Workers never touch the store: they return each trial's status, step counts and measurements, and
+the sweep's driver publishes them. So a worker killed mid-task leaves nothing behind, and its task
+simply runs again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchlab.sweep.executors import set_worker_threads
+from batchlab.sweep.plan import TrialTask
+
+
+@dataclass
+class TrialOutcome:
+    """One finished trial as the worker saw it (``measurements``: one dict per evaluation, with ``step``)."""
+
+    key: str
+    trial_id: int
+    seed: int
+    parameters: dict[str, Any]
+    status: str
+    steps: int
+    steps_to_goal: int | None
+    measurements: list[dict[str, float]] = field(default_factory=list)
+    wall_time_s: float = 0.0
+    vectorized: bool = False
+
+    @property
+    def diverged(self) -> bool:
+        return self.status == "INFEASIBLE"
+
+
+def trial_spec(task: TrialTask, index: int):
+    """The :class:`batchlab.train.TrialSpec` of trial ``index`` of ``task``."""
+    from batchlab.train import TrialSpec
+
+    study, trial = task.study, task.trials[index]
+    evaluation_steps = None
+    if study.evaluations is not None:
+        from batchlab.workloads import get_workload
+
+        evaluation_steps = get_workload(study.workload).evaluation_steps(study.steps, num_regular=study.evaluations)
+    return TrialSpec(
+        workload=study.workload, optimizer=study.optimizer, batch_size=study.batch_size,
+        hyperparameters=dict(trial.hyperparameters), steps=study.steps, train_examples=study.train_examples,
+        seed=trial.seed, stop_at_goal=study.stop_at_goal, trial_id=trial.trial_id, trial_key=trial.key,
+        search_space=study.search_space, data_seed=study.seed, evaluation_steps=evaluation_steps,
+    )
+
+
+def run_task(task: TrialTask) -> list[TrialOutcome]:
+    """Run every trial of ``task`` (vectorized when ``task.vectorized``); one outcome per trial, in order."""
+    set_worker_threads()
+    from batchlab.train import run_trial
+
+    specs = [trial_spec(task, i) for i in range(len(task.trials))]
+    if task.vectorized:
+        from batchlab.sweep.vectorized import run_trials_vectorized
+
+        results = run_trials_vectorized(specs)
+    else:
+        results = [run_trial(spec) for spec in specs]
+    return [
+        TrialOutcome(
+            key=trial.key, trial_id=trial.trial_id, seed=trial.seed, parameters=dict(result.parameters),
+            status=result.status, steps=int(result.steps), steps_to_goal=result.steps_to_goal,
+            measurements=[{k: float(v) if k != "step" else int(v) for k, v in row.items()}
+                          for row in result.measurements],
+            wall_time_s=float(result.wall_time_s), vectorized=task.vectorized,
+        )
+        for trial, result in zip(task.trials, results)
+    ]
+
+
+def measurement_triples(outcome: TrialOutcome) -> list[tuple[int, str, float]]:
+    """The outcome's measurements as the store's ``(step, metric, value)`` triples."""
+    triples = []
+    for row in outcome.measurements:
+        step = int(row["step"])
+        for metric, value in row.items():
+            if metric != "step":
+                triples.append((step, metric, float(value)))
+    return triples

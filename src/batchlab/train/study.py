@@ -1,0 +1,168 @@
+"""One study: one workload at one batch size, trials at quasi-random points run one after another.
+
+Conventions:
+
+* The search space is the optimizer's default (``batchlab.search.default_search_space``) for the
+  study's step budget, recorded in the store with every trial.
+* Trial ids come from ``store.next_trial_id`` (1 for a new study). Trial id ``k`` takes point
+  ``k - 1`` of the space's quasi-random sequence for ``seed`` and the trial seed ``seed + k - 1``,
+  so running a study twice into the same store continues the sequence instead of repeating it, and
+  the first trial of a fresh study equals ``batchlab train ... --seed SEED`` at that point. The data
+  seed (which examples form a ``train_examples`` subset) is ``seed`` for every trial of the study,
+  as in ``batchlab.sweep``.
+* The best trial (Shallue et al.'s protocol, science.md 3.4): among COMPLETE trials, the one with the
+  fewest steps to the goal; ties go to the lower trial id. When no trial reached the goal, the study
+  reports instead the COMPLETE trial with the best goal metric at its last evaluation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchlab.errors import BatchlabError
+from batchlab.train.trial import TrialResult, TrialSpec, prepare_trial, run_prepared, store_workload_name
+
+__all__ = ["StudyResult", "best_trial", "best_final_trial", "check_study", "run_study", "study_trial_specs"]
+
+
+@dataclass
+class StudyResult:
+    """The trials of one study run (in order) and its best trials (see the module docstring)."""
+
+    workload: str
+    batch_size: int
+    search_space: dict
+    trials: list[TrialResult] = field(default_factory=list)
+
+    @property
+    def best(self) -> TrialResult | None:
+        """The trial with the fewest steps to the goal, or ``None`` if no trial reached it."""
+        return best_trial(self.trials)
+
+    @property
+    def best_final(self) -> TrialResult | None:
+        """The trial with the best final goal metric (for studies where none reached the goal)."""
+        return best_final_trial(self.trials)
+
+
+def best_trial(trials: list[TrialResult]) -> TrialResult | None:
+    """The COMPLETE trial with the fewest steps to the goal, ties to the lower trial id; else None."""
+    reached = [t for t in trials if t.status == "COMPLETE" and t.steps_to_goal is not None]
+    return min(reached, key=lambda t: (t.steps_to_goal, t.trial_id if t.trial_id is not None else 0), default=None)
+
+
+def best_final_trial(trials: list[TrialResult]) -> TrialResult | None:
+    """The COMPLETE trial whose goal metric at its last evaluation is best (lowest, or highest when
+    the workload maximizes it); ties to the lower trial id; None if no COMPLETE trial measured it."""
+    scored = [(t.final_metric(), t) for t in trials if t.status == "COMPLETE" and t.final_metric() is not None]
+    if not scored:
+        return None
+
+    def key(item):
+        value, trial = item
+        return (-value if trial.maximize else value, trial.trial_id if trial.trial_id is not None else 0)
+
+    return min(scored, key=key)[1]
+
+
+def study_trial_specs(
+    workload: str,
+    optimizer: str,
+    batch_size: int,
+    trials: int,
+    first_trial_id: int,
+    steps: int,
+    train_examples: int | None = None,
+    seed: int = 0,
+    stop_at_goal: bool = False,
+) -> list[TrialSpec]:
+    """The specs of ``trials`` consecutive trials of a study, starting at ``first_trial_id``."""
+    from batchlab.search import default_search_space
+
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        raise BatchlabError(f"number of trials must be an integer >= 1, got {trials!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise BatchlabError(f"seed must be an integer >= 0, got {seed!r}")
+    space = default_search_space(optimizer, train_steps=steps)
+    first_index = max(0, int(first_trial_id) - 1)
+    points = space.sample(first_index + trials, seed=seed)[first_index:]
+    configs = space.to_batch_science()
+    return [
+        TrialSpec(
+            workload=workload,
+            optimizer=optimizer,
+            batch_size=batch_size,
+            hyperparameters=point,
+            steps=steps,
+            train_examples=train_examples,
+            seed=seed + first_index + i,
+            data_seed=seed,
+            stop_at_goal=stop_at_goal,
+            trial_id=first_trial_id + i,
+            search_space=configs,
+        )
+        for i, point in enumerate(points)
+    ]
+
+
+def check_study(
+    workload: str,
+    optimizer: str,
+    batch_size: int,
+    trials: int,
+    steps: int | None = None,
+    train_examples: int | None = None,
+    seed: int = 0,
+    stop_at_goal: bool = False,
+) -> int:
+    """Validate a study (workload, optimizer, batch size, data, budget) without writing anything;
+    return its step budget (``steps``, or the workload's default). Raises BatchlabError."""
+    from batchlab.workloads import get_workload
+
+    budget = get_workload(workload).default_steps if steps is None else steps
+    probe = study_trial_specs(workload, optimizer, batch_size, trials, 1, budget, train_examples, seed, stop_at_goal)[0]
+    prepare_trial(probe)
+    return budget
+
+
+def run_study(
+    workload: str,
+    optimizer: str,
+    batch_size: int,
+    trials: int,
+    store: Any,
+    steps: int | None = None,
+    train_examples: int | None = None,
+    seed: int = 0,
+    stop_at_goal: bool = False,
+    on_trial: Callable[[TrialResult], None] | None = None,
+    on_measurement: Callable[[dict], None] | None = None,
+) -> StudyResult:
+    """Run ``trials`` trials of one study one after another, each recorded into ``store``.
+
+    Everything is validated first (:func:`check_study`), so bad input writes nothing.
+    ``steps=None`` uses the workload's default budget. ``on_trial`` is called after each trial.
+    """
+    from batchlab.search import default_search_space
+
+    if store is None:
+        raise BatchlabError("a study needs a store to record its trials")
+    budget = check_study(workload, optimizer, batch_size, trials, steps, train_examples, seed, stop_at_goal)
+    from batchlab.workloads import get_workload
+
+    name = store_workload_name(get_workload(workload).name, optimizer)
+    first_id = store.next_trial_id(name, int(batch_size))
+    specs = study_trial_specs(workload, optimizer, batch_size, trials, first_id, budget, train_examples, seed, stop_at_goal)
+    result = StudyResult(
+        workload=name,
+        batch_size=int(batch_size),
+        search_space=default_search_space(optimizer, train_steps=budget).to_batch_science(),
+    )
+    for spec in specs:
+        trial = run_prepared(prepare_trial(spec), store=store, on_measurement=on_measurement)
+        result.trials.append(trial)
+        if on_trial is not None:
+            on_trial(trial)
+    return result

@@ -1,0 +1,359 @@
+"""One trial: train one workload with one metaparameter point, measuring on a schedule.
+
+Contract (see docs/internals.md):
+
+* ``steps`` counts optimizer updates; a measurement at step ``t`` is taken after ``t`` updates.
+* Batches come from :func:`batchlab.train.sampling.batch_indices` with the trial's ``seed``.
+* The model is initialised by ``workload.build_model(seed)``; any other randomness inside the loop
+  (dropout, sampled curvature) draws from torch's global generator, seeded with ``seed`` inside a
+  forked RNG state, so the same spec gives identical measurements and the caller's RNG is untouched.
+* Status: ``COMPLETE`` when the trial ran its whole step budget, or stopped at an evaluation that beat
+  the goal with ``stop_at_goal`` (the study then records ``early_stopping=True``); ``INFEASIBLE`` when
+  the training loss diverged (:mod:`batchlab.train.divergence`) or an evaluation produced a
+  non-finite value; the measurements taken until then are recorded. ``INCOMPLETE`` is never produced
+  here: an interrupted trial publishes nothing (the store's writer is never finished), so a resumed
+  sweep runs it again.
+* The store's workload is ``f"{workload.name}/{optimizer}"`` (dataset/model/optimizer, like the
+  release); the trial id defaults to ``store.next_trial_id(...)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from batchlab.errors import BatchlabError, unknown_name_error
+from batchlab.train.divergence import DivergenceMonitor
+from batchlab.train.evaluation import evaluation_schedule, goal_reached, measure
+from batchlab.train.sampling import _batch_indices_unchecked, updates_per_epoch
+
+__all__ = ["TrialSpec", "TrialResult", "PreparedTrial", "prepare_trial", "run_prepared", "run_trial", "store_workload_name"]
+
+@dataclass
+class TrialSpec:
+    """Everything that defines one trial.
+
+    Attributes:
+        workload: registry name ``dataset/model`` (e.g. ``"mnist/fc_128_128_128"``).
+        optimizer: optimizer name (``batchlab.optim.optimizer_names()``).
+        batch_size: examples per update, ``1..num_train``.
+        hyperparameters: ``{name: value}`` with the release's names (``learning_rate``, ...);
+            all go to the optimizer (which checks them); ``label_smoothing`` is applied by the
+            trainer through ``workload.loss``.
+        steps: step budget (updates); ``None`` means the workload's ``default_steps``.
+        train_examples: train on the first-chosen ``N`` training examples (``None``: all).
+        seed: model initialisation, batch order and in-loop randomness.
+        stop_at_goal: stop at the first evaluation that beats the workload's goal.
+        trial_id, trial_key: store identity; ``None`` picks ``store.next_trial_id`` and a fresh key.
+        search_space: the study's search space (batch_science ``parameter_configs``), if known.
+        evaluation_steps: steps at which to evaluate, replacing the workload's schedule.
+        data_seed: seed of ``workload.load_data`` (which examples form the training subset when
+            ``train_examples`` is set); shared by all trials of a study.
+
+    ``train/*`` metrics are measured by ``workload.evaluate`` on the training set (the workload caps
+    it to a fixed subset), ``val/*`` metrics on the validation set.
+    """
+
+    workload: str
+    optimizer: str
+    batch_size: int
+    hyperparameters: dict[str, Any]
+    steps: int | None = None
+    train_examples: int | None = None
+    seed: int = 0
+    stop_at_goal: bool = False
+    trial_id: int | None = None
+    trial_key: str | None = None
+    search_space: dict | None = None
+    evaluation_steps: Sequence[int] | None = None
+    data_seed: int = 0
+
+
+@dataclass
+class TrialResult:
+    """What one trial did. ``steps`` = updates run; ``steps_to_goal`` = first evaluation step that
+    beat the goal (``None`` if none did); ``measurements`` = one dict per evaluation (``step`` plus
+    ``<split>/<metric>`` values); ``wall_time_s`` = seconds the run took (store setup, updates,
+    evaluations, recording; loading data and building the model excluded), of which
+    ``evaluation_time_s`` went to evaluating and recording (store writes and the final publish);
+    ``evaluation_cpu_s`` is the same part in this process's CPU seconds (``time.process_time``)."""
+
+    workload: str
+    batch_size: int
+    trial_id: int | None
+    trial_key: str | None
+    parameters: dict[str, Any]
+    seed: int
+    status: str
+    steps: int
+    steps_to_goal: int | None
+    measurements: list[dict[str, float]] = field(default_factory=list)
+    wall_time_s: float = 0.0
+    evaluation_time_s: float = 0.0
+    evaluation_cpu_s: float = 0.0
+    metric: str = ""
+    goal: float = math.nan
+    maximize: bool = False
+
+    def final_metric(self) -> float | None:
+        """The goal metric at the last evaluation (``None`` if never measured)."""
+        for row in reversed(self.measurements):
+            if self.metric in row:
+                return row[self.metric]
+        return None
+
+
+@dataclass
+class PreparedTrial:
+    """A validated trial with its data, model and training algorithm built, ready to run."""
+
+    spec: TrialSpec
+    workload: Any
+    store_workload: str
+    steps: int
+    schedule: list[int]
+    parameters: dict[str, Any]
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    num_train: int
+    eval_splits: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    model: torch.nn.Module
+    algorithm: Any
+
+
+def store_workload_name(workload: str, optimizer: str) -> str:
+    """The store's (and the release's) workload name: ``dataset/model/optimizer``."""
+    return f"{workload}/{optimizer}"
+
+
+def _as_int(name: str, value: Any, minimum: int) -> int:
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise BatchlabError(f"{name} must be an integer, got {value!r}") from None
+    if value < minimum:
+        raise BatchlabError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _checked_hyperparameters(hyperparameters: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(hyperparameters, dict):
+        raise BatchlabError(f"hyperparameters must be a mapping of name to number, got {type(hyperparameters).__name__}")
+    checked = {}
+    for name, value in hyperparameters.items():
+        if value is None:  # "off" (e.g. ema_decay); the optimizer checks where that is allowed
+            checked[str(name)] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            try:
+                value = float(value)
+            except (TypeError, ValueError):
+                raise BatchlabError(f"hyperparameter {name} must be a number, got {value!r}") from None
+        if not math.isfinite(value):
+            raise BatchlabError(f"hyperparameter {name} must be finite, got {value!r}")
+        checked[str(name)] = value
+    if "learning_rate" in checked and not checked["learning_rate"] > 0:
+        raise BatchlabError(f"learning rate must be > 0, got {checked['learning_rate']}")
+    return checked
+
+
+@functools.lru_cache(maxsize=2)
+def _load_data(workload_name: str, train_examples: int | None, data_seed: int):
+    """Load a workload's data, kept for the next trial of the same study (tensors are never modified)."""
+    from batchlab.workloads import get_workload
+
+    return get_workload(workload_name).load_data(train_examples=train_examples, seed=data_seed)
+
+
+def prepare_trial(spec: TrialSpec) -> PreparedTrial:
+    """Validate ``spec`` and build everything a trial needs; writes nothing anywhere.
+
+    Raises:
+        BatchlabError: unknown workload or optimizer (closest name suggested), batch size outside
+            ``1..num_train``, learning rate <= 0, bad steps/seed/examples, a missing data package
+            (the data module's message), or hyperparameters the optimizer rejects.
+    """
+    from batchlab.optim import build_training_algorithm, optimizer_names
+    from batchlab.workloads import get_workload
+
+    workload = get_workload(spec.workload)
+    known = optimizer_names()
+    if spec.optimizer not in known:
+        raise unknown_name_error("optimizer", spec.optimizer, known)
+    batch_size = _as_int("batch size", spec.batch_size, 1)
+    steps = _as_int("steps", workload.default_steps if spec.steps is None else spec.steps, 1)
+    seed = _as_int("seed", spec.seed, 0)
+    data_seed = _as_int("data seed", spec.data_seed, 0)
+    train_examples = None if spec.train_examples is None else _as_int("train examples", spec.train_examples, 1)
+    parameters = _checked_hyperparameters(spec.hyperparameters)
+    schedule = evaluation_schedule(
+        workload.evaluation_steps(steps) if spec.evaluation_steps is None else (), steps, spec.evaluation_steps
+    )
+
+    data = _load_data(workload.name, train_examples, data_seed)
+    num_train = int(data.num_train)
+    updates_per_epoch(num_train, batch_size)  # batch size within 1..num_train
+
+    label_smoothing = float(parameters.get("label_smoothing") or 0.0)
+
+    def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return workload.loss(logits, y, label_smoothing=label_smoothing)
+
+    model = workload.build_model(seed=seed)
+    # One example through the model and loss checks label_smoothing against the number of classes
+    # now, before anything is written (eval mode and a forked RNG: no state of the trial changes).
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        model.eval()
+        loss_fn(model(data.train_x[:1]), data.train_y[:1])
+        model.train()
+    algorithm = build_training_algorithm(
+        spec.optimizer, model, loss_fn, hyperparameters=parameters, total_steps=steps
+    )
+    return PreparedTrial(
+        spec=spec,
+        workload=workload,
+        store_workload=store_workload_name(workload.name, spec.optimizer),
+        steps=steps,
+        schedule=schedule,
+        parameters=parameters,
+        train_x=data.train_x,
+        train_y=data.train_y,
+        num_train=num_train,
+        eval_splits={"train": (data.train_x, data.train_y), "val": (data.val_x, data.val_y)},
+        model=model,
+        algorithm=algorithm,
+    )
+
+
+def run_prepared(
+    prepared: PreparedTrial,
+    store: Any = None,
+    on_measurement: Callable[[dict[str, float]], None] | None = None,
+) -> TrialResult:
+    """Run a prepared trial (once: the model trains in place), recording into ``store`` if given."""
+    spec, workload, algorithm = prepared.spec, prepared.workload, prepared.algorithm
+    batch_size, seed, total = int(spec.batch_size), int(spec.seed), prepared.steps
+    start = time.perf_counter()
+
+    trial_id, trial_key, writer = spec.trial_id, spec.trial_key, None
+    if store is not None:
+        if trial_id is None:
+            trial_id = store.next_trial_id(prepared.store_workload, batch_size)
+        if trial_key is None:
+            trial_key = f"{prepared.store_workload}/{batch_size}/{trial_id}/{uuid.uuid4().hex}"
+        writer = store.trial_writer(
+            workload=prepared.store_workload,
+            batch_size=batch_size,
+            trial_id=int(trial_id),
+            trial_key=trial_key,
+            parameters=prepared.parameters,
+            seed=seed,
+            source="batchlab",
+            search_space=spec.search_space,
+            train_steps=total,
+            early_stopping=bool(spec.stop_at_goal),
+            tags={"metric": workload.metric, "goal": workload.goal, "maximize": bool(workload.maximize)},
+        )
+
+    metric, goal, maximize = workload.metric, workload.goal, bool(workload.maximize)
+    measurements: list[dict[str, float]] = []
+    steps_to_goal: int | None = None
+    status = "COMPLETE"
+    evaluation_time = evaluation_cpu = 0.0
+
+    def evaluate(step: int) -> bool:
+        """Measure at ``step``, record it; return True if the trial must stop here."""
+        nonlocal evaluation_time, evaluation_cpu
+        started, started_cpu = time.perf_counter(), time.process_time()
+        try:
+            return _evaluate(step)
+        finally:
+            evaluation_time += time.perf_counter() - started
+            evaluation_cpu += time.process_time() - started_cpu
+
+    def _evaluate(step: int) -> bool:
+        nonlocal steps_to_goal, status
+        with algorithm.evaluation_weights():
+            metrics = measure(workload, prepared.model, prepared.eval_splits)
+        if writer is not None:
+            writer.record(step, metrics)
+        row = {"step": step, **metrics}
+        measurements.append(row)
+        if on_measurement is not None:
+            on_measurement(dict(row))
+        if not all(math.isfinite(v) for v in metrics.values()):
+            status = "INFEASIBLE"
+            return True
+        if steps_to_goal is None and metric in metrics and goal_reached(metrics[metric], goal, maximize):
+            steps_to_goal = step
+            return bool(spec.stop_at_goal)
+        return False
+
+    # The hot loop: one sampled batch, one update, one divergence check per step; nothing else.
+    schedule = iter(prepared.schedule)
+    next_eval = next(schedule, None)
+    monitor = DivergenceMonitor()
+    per_epoch = prepared.num_train // batch_size
+    train_x, train_y, num_train = prepared.train_x, prepared.train_y, prepared.num_train
+    step_fn, diverged = algorithm.step, monitor.diverged
+    step = 0
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        stop = False
+        if next_eval == 0:
+            stop = evaluate(0)
+            next_eval = next(schedule, None)
+        while not stop and step < total:
+            indices = _batch_indices_unchecked(num_train, batch_size, seed, step, per_epoch)
+            loss = step_fn(train_x.index_select(0, indices), train_y.index_select(0, indices))
+            step += 1
+            if diverged(loss):
+                status = "INFEASIBLE"
+                break
+            if step == next_eval:
+                stop = evaluate(step)
+                next_eval = next(schedule, None)
+
+    if writer is not None:
+        started, started_cpu = time.perf_counter(), time.process_time()
+        writer.finish(status=status, steps=step)
+        evaluation_time += time.perf_counter() - started
+        evaluation_cpu += time.process_time() - started_cpu
+    return TrialResult(
+        workload=prepared.store_workload,
+        batch_size=batch_size,
+        trial_id=None if trial_id is None else int(trial_id),
+        trial_key=trial_key,
+        parameters=dict(prepared.parameters),
+        seed=seed,
+        status=status,
+        steps=step,
+        steps_to_goal=steps_to_goal,
+        measurements=measurements,
+        wall_time_s=time.perf_counter() - start,
+        evaluation_time_s=evaluation_time,
+        evaluation_cpu_s=evaluation_cpu,
+        metric=metric,
+        goal=float(goal),
+        maximize=maximize,
+    )
+
+
+def run_trial(
+    spec: TrialSpec,
+    store: Any = None,
+    on_measurement: Callable[[dict[str, float]], None] | None = None,
+) -> TrialResult:
+    """Run one trial (see the module docstring); ``on_measurement(dict)`` is called per evaluation.
+
+    Everything is validated and built before the store is touched, so bad input writes nothing.
+    """
+    return run_prepared(prepare_trial(spec), store=store, on_measurement=on_measurement)

@@ -1,0 +1,1 @@
+"""The networks behind the workloads, one architecture family per module."""

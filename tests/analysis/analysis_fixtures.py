@@ -1,0 +1,106 @@
+"""Small hand-written stores for the analysis, plot and CLI tests: the four view tables from a list of trials."""
+
+import json
+
+import pandas as pd
+
+
+def trial(workload, batch_size, trial_id, rows, status="COMPLETE", **parameters):
+    """One trial: ``rows`` is a list of ``(step, {metric: value})``."""
+    return {
+        "workload": workload,
+        "batch_size": batch_size,
+        "trial_id": trial_id,
+        "status": status,
+        "parameters": parameters,
+        "rows": rows,
+    }
+
+
+def tables_from_trials(trials, extra_studies=()):
+    """The four view tables for ``trials`` (plus empty studies ``(workload, batch_size)``)."""
+    workload_names = sorted({t["workload"] for t in trials} | {w for w, _ in extra_studies})
+    workloads = pd.DataFrame(
+        [
+            {"workload": w, "dataset": w.split("/")[0], "model": w.split("/")[1], "optimizer": w.split("/")[2], "tags": "{}"}
+            for w in workload_names
+        ]
+    )
+    study_keys = sorted({(t["workload"], t["batch_size"]) for t in trials} | set(extra_studies))
+    studies = pd.DataFrame(
+        [
+            {"workload": w, "batch_size": b, "search_space": "{}", "train_steps": 100, "early_stopping": False}
+            for w, b in study_keys
+        ]
+    )
+    trial_rows, measurement_rows = [], []
+    for t in trials:
+        steps = max((step for step, _ in t["rows"]), default=0)
+        trial_rows.append(
+            {
+                "workload": t["workload"],
+                "batch_size": t["batch_size"],
+                "trial_id": t["trial_id"],
+                "trial_key": f"{t['workload']}/{t['batch_size']}/{t['trial_id']}",
+                "parameters": json.dumps(t["parameters"]),
+                "status": t["status"],
+                "steps": steps,
+                "seed": 0,
+                "source": "test",
+            }
+        )
+        for step, metrics in t["rows"]:
+            for metric, value in metrics.items():
+                measurement_rows.append(
+                    {
+                        "workload": t["workload"],
+                        "batch_size": t["batch_size"],
+                        "trial_id": t["trial_id"],
+                        "step": step,
+                        "metric": metric,
+                        "value": float(value),
+                    }
+                )
+    trials_df = pd.DataFrame(trial_rows).astype({"batch_size": "int64", "trial_id": "int64", "steps": "int64"})
+    measurements = pd.DataFrame(measurement_rows).astype({"batch_size": "int64", "trial_id": "int64", "step": "int64"})
+    return {"workloads": workloads, "studies": studies, "trials": trials_df, "measurements": measurements}
+
+
+def write_release(root, trials, train_steps=100, parameter_configs=None):
+    """Write ``trials`` as a batch_science release tree under ``root`` (science.md 3.7).
+
+    ``<dataset>/<model>/<optimizer>/<batch_size>/study.json`` and
+    ``<batch_size>/<trial_id>/{metadata.json, measurements.csv}`` (``step`` then one column per
+    metric, rows in step order). Every trial of a study must measure the same metrics.
+    """
+    from pathlib import Path
+
+    root = Path(root)
+    configs = parameter_configs or {
+        "learning_rate": {"type": "DOUBLE", "min_value": 1e-4, "max_value": 10.0, "scale": "LOG_SCALE"},
+    }
+    for t in trials:
+        dataset, model, optimizer = t["workload"].split("/")
+        study_dir = root / dataset / model / optimizer / str(t["batch_size"])
+        study_dir.mkdir(parents=True, exist_ok=True)
+        study = {
+            "batch_size": t["batch_size"],
+            "dataset": dataset,
+            "model": model,
+            "optimizer": optimizer,
+            "early_stopping": False,
+            "train_steps": train_steps,
+            "parameter_configs": configs,
+        }
+        (study_dir / "study.json").write_text(json.dumps(study))
+        trial_dir = study_dir / str(t["trial_id"])
+        trial_dir.mkdir()
+        steps = max((step for step, _ in t["rows"]), default=0)
+        metadata = {"parameters": t["parameters"], "status": t["status"], "steps": steps, "trial_id": t["trial_id"]}
+        (trial_dir / "metadata.json").write_text(json.dumps(metadata))
+        metrics = sorted({m for _, values in t["rows"] for m in values})
+        lines = [",".join(["step", *metrics])]
+        for step, values in sorted(t["rows"], key=lambda row: row[0]):
+            lines.append(",".join([str(step), *(repr(float(values[m])) for m in metrics)]))
+        (trial_dir / "measurements.csv").write_text("\n".join(lines) + "\n")
+    return root

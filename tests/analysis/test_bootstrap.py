@@ -1,0 +1,128 @@
+import json
+
+import numpy as np
+import pytest
+
+from analysis_fixtures import trial
+from batchlab.analysis.bootstrap import bootstrap_critical_batch_size, critical_batch_size_with_intervals
+from batchlab.analysis.critical_batch_size import fit_steps_curve
+from batchlab.analysis.selection import Selection
+from batchlab.analysis.steps_to_result import steps_curve, steps_to_result
+from batchlab.errors import BatchlabError
+
+W = "mnist/simple_cnn_base/sgd"
+M = "val/classification_error"
+BATCH_SIZES = 2 ** np.arange(0, 12)
+# Evaluation steps on a ~4% log grid: measured steps to result are always evaluation steps.
+EVAL_GRID = np.unique(np.round(np.geomspace(1, 1e7, 400)))
+
+
+def synthetic_trials(s_min, b_crit, n_trials, seed, miss=0.3):
+    """Each trial's first qualifying step: the true S(B) times a random slowdown, on the eval grid;
+    a fraction ``miss`` of trials never reach the goal."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for b in BATCH_SIZES:
+        raw = s_min * (1 + b_crit / b) * np.exp(rng.exponential(0.3, size=n_trials))
+        steps = EVAL_GRID[np.searchsorted(EVAL_GRID, raw)]
+        steps[rng.random(n_trials) < miss] = np.inf
+        out[int(b)] = steps
+    return out
+
+
+def test_same_seed_same_answer_other_seed_other_draws():
+    data = synthetic_trials(1000.0, 64.0, 10, seed=1)
+    a = bootstrap_critical_batch_size(data, n_boot=60, seed=3)
+    b = bootstrap_critical_batch_size(data, n_boot=60, seed=3)
+    c = bootstrap_critical_batch_size(data, n_boot=60, seed=4)
+    assert json.dumps(a.to_dict()) == json.dumps(b.to_dict())
+    assert a.intervals != c.intervals
+    assert a.fit == c.fit  # the point estimate does not depend on the seed
+
+
+def test_point_estimate_is_the_plain_fit_and_lies_in_its_interval():
+    data = synthetic_trials(1000.0, 64.0, 10, seed=2)
+    est = bootstrap_critical_batch_size(data, n_boot=60, seed=0, level=0.9)
+    point_steps = [(b, None if not np.isfinite(s.min()) else int(s.min())) for b, s in data.items()]
+    from batchlab.analysis.curve import StepsCurve
+
+    assert est.fit == fit_steps_curve(StepsCurve.from_points(point_steps))
+    for name, (low, high) in est.intervals.items():
+        assert low <= est.estimates[name] <= high, name
+    summary = est.to_dict()
+    assert set(summary["critical_batch_sizes"]) == {
+        "mccandlish_b_crit",
+        "overhead_20pct",
+        "perfect_scaling_end",
+        "maximal_parallelism_start",
+    }
+    assert summary["bootstrap"] == {"n_boot": 60, "n_failed": 0, "level": 0.9, "seed": 0}
+    assert summary["fit_intervals"]["s_min"]["low"] <= summary["fit"]["s_min"]
+
+
+def test_identical_trials_give_zero_width_intervals_and_certain_regimes():
+    steps = {int(b): np.full(5, float(1000 * (1 + 64 / b))) for b in BATCH_SIZES}
+    est = bootstrap_critical_batch_size(steps, n_boot=30, seed=0)
+    for name, (low, high) in est.intervals.items():
+        assert low == high == pytest.approx(est.estimates[name]), name
+    assert est.estimates["mccandlish_b_crit"] == pytest.approx(64.0, rel=1e-3)
+    for row in est.regimes:
+        assert row["regime_fractions"][row["regime"]] == 1.0
+        assert row["steps_interval"] == [row["steps"], row["steps"]]
+    regimes = [r["regime"] for r in est.regimes]
+    assert regimes[0] == "perfect_scaling" and regimes[-1] == "maximal_data_parallelism"
+
+
+def test_failed_fits_are_counted_and_left_out():
+    # Three batch sizes, each with one reaching trial out of two: a replicate misses a batch size with
+    # probability 1/4, and fails (< 2 reached) with probability 3 * 3/4 * (1/4)^2 + (1/4)^3 = 0.156.
+    data = {1: np.array([4000.0, np.inf]), 2: np.array([np.inf, 2100.0]), 4: np.array([1100.0, np.inf])}
+    est = bootstrap_critical_batch_size(data, n_boot=400, seed=0)
+    assert 35 <= est.n_failed <= 90
+    fractions = est.regimes[0]["regime_fractions"]
+    assert sum(fractions.values()) == pytest.approx(1.0)
+    # An unreached batch size stays unreached (inf) in its interval's upper end sometimes.
+    assert est.regimes[0]["steps_interval"][1] is None
+
+
+def test_too_few_reached_points_and_bad_arguments():
+    with pytest.raises(BatchlabError, match="need at least 2 batch sizes"):
+        bootstrap_critical_batch_size({1: np.array([10.0]), 2: np.array([np.inf]), 4: np.empty(0)}, n_boot=5)
+    data = synthetic_trials(1000.0, 64.0, 3, seed=0)
+    with pytest.raises(BatchlabError, match="n_boot must be a positive integer"):
+        bootstrap_critical_batch_size(data, n_boot=0)
+    with pytest.raises(BatchlabError, match="level must be in"):
+        bootstrap_critical_batch_size(data, level=1.0)
+
+
+def test_coverage_sanity():
+    # Synthetic studies with a known B_crit: the nominal 90% interval must cover it most of the time
+    # (the minimum over trials is biased up, but by a similar factor at every batch size, which
+    # cancels in B_crit = E_min / S_min), and more trials must give narrower intervals.
+    covered, widths_few, widths_many = 0, [], []
+    for rep in range(14):
+        est = bootstrap_critical_batch_size(synthetic_trials(1000.0, 64.0, 20, seed=100 + rep), n_boot=40, seed=rep)
+        low, high = est.intervals["mccandlish_b_crit"]
+        covered += low <= 64.0 <= high
+        widths_many.append(high / low)
+    for rep in range(4):
+        est = bootstrap_critical_batch_size(synthetic_trials(1000.0, 64.0, 4, seed=200 + rep), n_boot=40, seed=rep)
+        low, high = est.intervals["mccandlish_b_crit"]
+        widths_few.append(high / low)
+    assert covered >= 10
+    assert np.median(widths_many) < np.median(widths_few)
+    assert np.median(widths_many) < 1.5
+
+
+def test_from_store_views_matches_steps_to_result(make_con):
+    rows = lambda s: [(s // 2, {M: 0.5}), (s, {M: 0.001})]  # noqa: E731
+    trials = []
+    for b in (1, 2, 4, 8, 16, 32):
+        s = int(200 * (1 + 8 / b))
+        trials += [trial(W, b, 1, rows(s)), trial(W, b, 2, rows(s + 7)), trial(W, b, 3, [(10, {M: 0.9})])]
+    con = make_con(trials, extra_studies=[(W, 64)])
+    est = critical_batch_size_with_intervals(con, Selection(W, M, 0.01), n_boot=40, seed=0)
+    assert est.curve.steps == steps_curve(steps_to_result(con, W, M, 0.01)).steps
+    assert est.curve.batch_sizes[-1] == 64 and est.curve.steps[-1] is None
+    assert est.estimates["mccandlish_b_crit"] == pytest.approx(8.0, rel=0.05)
+    assert est.curve.metadata["goal"] == 0.01

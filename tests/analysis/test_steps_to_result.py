@@ -1,0 +1,218 @@
+import math
+
+import numpy as np
+import pytest
+
+from analysis_fixtures import trial
+from batchlab.analysis.selection import Selection
+from batchlab.analysis.steps_to_result import (
+    effective_learning_rate,
+    steps_curve,
+    steps_to_result,
+    steps_to_result_many,
+    trial_first_steps,
+    trial_steps_by_batch_size,
+)
+from batchlab.errors import BatchlabError
+
+W = "mnist/simple_cnn_base/sgd"
+M = "val/classification_error"
+
+
+def curve(pairs, metric=M):
+    return [(step, {metric: value}) for step, value in pairs]
+
+
+def by_batch(results):
+    return {r.batch_size: r for r in results}
+
+
+def test_strict_comparison_equal_value_does_not_reach(make_con):
+    con = make_con([trial(W, 8, 1, curve([(10, 0.02), (20, 0.01), (30, 0.0099)]), learning_rate=0.1)])
+    (r,) = steps_to_result(con, W, M, 0.01)
+    assert r.steps == 30 and r.trial_id == 1 and r.value == pytest.approx(0.0099)
+    (r,) = steps_to_result(con, W, M, 0.0099)
+    assert not r.reached and r.steps is None and r.trial_id is None and r.parameters == {}
+
+
+def test_earliest_step_of_each_trial_then_minimum_over_trials(make_con):
+    con = make_con(
+        [
+            # trial 1 dips below at 20, rises above, then below again: its first qualifying step is 20.
+            trial(W, 8, 1, curve([(10, 0.5), (20, 0.005), (30, 0.5), (40, 0.001)]), learning_rate=0.1),
+            trial(W, 8, 2, curve([(10, 0.5), (15, 0.009), (40, 0.0001)]), learning_rate=0.2),
+            trial(W, 8, 3, curve([(5, 0.5), (50, 0.0)]), learning_rate=0.3),
+        ]
+    )
+    (r,) = steps_to_result(con, W, M, 0.01)
+    assert (r.steps, r.trial_id, r.n_trials, r.n_reached) == (15, 2, 3, 3)
+    assert r.parameters == {"learning_rate": 0.2}
+
+
+def test_ties_go_to_the_lower_trial_id(make_con):
+    rows = curve([(10, 0.5), (20, 0.001)])
+    con = make_con(
+        [
+            trial(W, 8, 7, rows, learning_rate=0.7),
+            trial(W, 8, 3, curve([(10, 0.5), (20, 0.009)]), learning_rate=0.3),
+            trial(W, 8, 5, rows, learning_rate=0.5),
+        ]
+    )
+    (r,) = steps_to_result(con, W, M, 0.01)
+    assert (r.steps, r.trial_id) == (20, 3)
+    assert r.value == pytest.approx(0.009)
+
+
+def test_only_complete_trials_by_default_and_statuses_option(make_con):
+    con = make_con(
+        [
+            trial(W, 8, 1, curve([(10, 0.001)]), status="INCOMPLETE", learning_rate=1.0),
+            trial(W, 8, 2, curve([(10, 0.5), (20, 0.001)]), status="INFEASIBLE", learning_rate=2.0),
+            trial(W, 8, 3, curve([(30, 0.001)]), learning_rate=3.0),
+        ]
+    )
+    (r,) = steps_to_result(con, W, M, 0.01)
+    assert (r.steps, r.trial_id, r.n_trials) == (30, 3, 1)
+    (r,) = steps_to_result(con, W, M, 0.01, statuses=("COMPLETE", "INCOMPLETE"))
+    assert (r.steps, r.trial_id, r.n_trials) == (10, 1, 2)
+    (r,) = steps_to_result(con, W, M, 0.01, statuses=("COMPLETE", "INFEASIBLE"))
+    assert (r.steps, r.trial_id) == (20, 2)
+    with pytest.raises(BatchlabError, match="unknown trial status 'DONE'"):
+        steps_to_result(con, W, M, 0.01, statuses=("DONE",))
+
+
+def test_max_trials_keeps_the_first_complete_trials_in_id_order(make_con):
+    con = make_con(
+        [
+            trial(W, 8, 1, curve([(50, 0.001)]), learning_rate=1.0),
+            trial(W, 8, 2, curve([(40, 0.001)]), status="INFEASIBLE", learning_rate=2.0),  # not counted
+            trial(W, 8, 4, curve([(30, 0.001)]), learning_rate=4.0),
+            trial(W, 8, 9, curve([(10, 0.001)]), learning_rate=9.0),
+        ]
+    )
+    assert steps_to_result(con, W, M, 0.01, max_trials=1)[0].steps == 50
+    (r,) = steps_to_result(con, W, M, 0.01, max_trials=2)
+    assert (r.steps, r.trial_id, r.n_trials) == (30, 4, 2)
+    assert steps_to_result(con, W, M, 0.01, max_trials=3)[0].steps == 10
+    assert steps_to_result(con, W, M, 0.01, max_trials=100)[0].n_trials == 3
+
+
+def test_maximize_uses_strictly_greater(make_con):
+    metric = "val/average_precision"
+    con = make_con(
+        [
+            trial("oi/resnet_50/nesterov_momentum", 64, 1, curve([(10, 0.2), (20, 0.31), (30, 0.32)], metric)),
+            trial("oi/resnet_50/nesterov_momentum", 64, 2, curve([(10, 0.2), (25, 0.4)], metric)),
+        ]
+    )
+    (r,) = steps_to_result(con, "oi/resnet_50/nesterov_momentum", metric, 0.31, maximize=True)
+    assert (r.steps, r.trial_id) == (25, 2)
+    # Without maximize, "beats 0.31" means below it: the first rows already are.
+    (r,) = steps_to_result(con, "oi/resnet_50/nesterov_momentum", metric, 0.31)
+    assert (r.steps, r.trial_id) == (10, 1)
+
+
+def test_nan_and_inf_never_reach_the_goal(make_con):
+    con = make_con([trial(W, 8, 1, curve([(10, float("nan")), (20, float("inf")), (30, float("-inf")), (40, 0.5)]))])
+    assert not steps_to_result(con, W, M, 0.7, maximize=True)[0].reached
+    assert steps_to_result(con, W, M, 0.7)[0].steps == 40
+
+
+def test_uneven_evaluation_steps_no_interpolation(make_con):
+    # Evaluations at irregular steps; the goal is crossed between 100 and 1000: the answer is 1000,
+    # not an interpolated step.
+    con = make_con([trial(W, 8, 1, curve([(1, 0.9), (3, 0.5), (100, 0.02), (1000, 0.001), (1001, 0.0)]))])
+    assert steps_to_result(con, W, M, 0.01)[0].steps == 1000
+
+
+def test_missing_batch_sizes_and_unreached_are_reported(make_con):
+    con = make_con(
+        [
+            trial(W, 1, 1, curve([(100, 0.001)])),
+            trial(W, 2, 1, curve([(60, 0.5)])),  # never reaches
+            trial(W, 4, 1, curve([(10, 0.001)]), status="INFEASIBLE"),  # no COMPLETE trial
+            trial(W, 8, 1, curve([(20, 0.001)], metric="val/cross_entropy_error")),  # other metric only
+        ],
+        extra_studies=[(W, 16)],  # a study without trials
+    )
+    results = steps_to_result(con, W, M, 0.01)
+    assert [r.batch_size for r in results] == [1, 2, 4, 8, 16]
+    assert [r.steps for r in results] == [100, None, None, None, None]
+    assert [r.n_trials for r in results] == [1, 1, 0, 1, 0]
+    c = steps_curve(results)
+    assert c.batch_sizes == (1, 2, 4, 8, 16) and c.steps == (100, None, None, None, None)
+    assert c.label == W
+
+
+def test_step_budget_and_example_budget(make_con):
+    con = make_con(
+        [
+            trial(W, 4, 1, curve([(10, 0.5), (100, 0.001)])),
+            trial(W, 16, 1, curve([(10, 0.5), (50, 0.001)])),
+            trial(W, 16, 2, curve([(20, 0.005)])),
+        ]
+    )
+    assert [r.steps for r in steps_to_result(con, W, M, 0.01)] == [100, 20]
+    assert [r.steps for r in steps_to_result(con, W, M, 0.01, step_budget=99)] == [None, 20]
+    assert [r.steps for r in steps_to_result(con, W, M, 0.01, step_budget=100)] == [100, 20]
+    assert [r.steps for r in steps_to_result(con, W, M, 0.01, step_budget=19)] == [None, None]
+    # Example budget: B * step <= E. 4 * 100 = 400; 16 * 20 = 320.
+    assert [r.steps for r in steps_to_result(con, W, M, 0.01, example_budget=400)] == [100, 20]
+    assert [r.steps for r in steps_to_result(con, W, M, 0.01, example_budget=399)] == [None, 20]
+    assert [r.steps for r in steps_to_result(con, W, M, 0.01, example_budget=319)] == [None, None]
+
+
+def test_workloads_do_not_mix_and_many_selections_in_one_query(make_con):
+    other = "mnist/fc_1024/sgd"
+    con = make_con(
+        [
+            trial(W, 8, 1, curve([(10, 0.02), (20, 0.005)])),
+            trial(other, 8, 1, curve([(5, 0.005)])),
+        ]
+    )
+    selections = [Selection(W, M, 0.01), Selection(other, M, 0.01), Selection(W, M, 0.03)]
+    a, b, c = steps_to_result_many(con, selections)
+    assert [r.steps for r in a] == [20] and [r.steps for r in b] == [5] and [r.steps for r in c] == [10]
+    assert a[0].workload == W and b[0].workload == other
+
+
+def test_unknown_workload_and_metric_errors_list_what_exists(make_con):
+    con = make_con([trial(W, 8, 1, curve([(10, 0.02)]))])
+    with pytest.raises(BatchlabError, match=r"unknown workload 'mnist/simple_cnn_base/sdg' \(did you mean"):
+        steps_to_result(con, "mnist/simple_cnn_base/sdg", M, 0.01)
+    with pytest.raises(BatchlabError, match=r"unknown metric 'val/accuracy'.*known: val/classification_error"):
+        steps_to_result(con, W, "val/accuracy", 0.01)
+    with pytest.raises(BatchlabError, match="goal must be a finite number"):
+        steps_to_result(con, W, M, float("nan"))
+    with pytest.raises(BatchlabError, match="max_trials must be a positive integer"):
+        steps_to_result(con, W, M, 0.01, max_trials=0)
+    with pytest.raises(BatchlabError, match="step_budget must be a positive integer"):
+        steps_to_result(con, W, M, 0.01, step_budget=-5)
+
+
+def test_effective_learning_rate_and_result_dict(make_con):
+    con = make_con([trial(W, 8, 1, curve([(10, 0.005)]), learning_rate=0.1, momentum=0.9)])
+    (r,) = steps_to_result(con, W, M, 0.01)
+    assert r.effective_learning_rate == pytest.approx(1.0)
+    d = r.to_dict()
+    assert d["batch_size"] == 8 and d["steps"] == 10 and d["reached"] is True and d["trial_id"] == 1
+    assert d["parameters"] == {"learning_rate": 0.1, "momentum": 0.9} and d["examples"] == 80
+    assert effective_learning_rate(0.1, None) == 0.1
+    assert effective_learning_rate(None, 0.9) is None
+    assert math.isinf(effective_learning_rate(0.1, 1.0))
+
+
+def test_trial_first_steps_per_trial_table(make_con):
+    con = make_con(
+        [
+            trial(W, 8, 2, curve([(10, 0.5), (20, 0.005)])),
+            trial(W, 8, 1, curve([(10, 0.5)])),
+            trial(W, 16, 1, curve([(5, 0.001)])),
+        ]
+    )
+    frame = trial_first_steps(con, Selection(W, M, 0.01))
+    assert list(frame["batch_size"]) == [8, 8, 16] and list(frame["trial_id"]) == [1, 2, 1]
+    assert np.isnan(frame["first_step"][0]) and list(frame["first_step"][1:]) == [20.0, 5.0]
+    steps = trial_steps_by_batch_size(frame)
+    assert set(steps) == {8, 16}
+    np.testing.assert_array_equal(steps[8], [np.inf, 20.0])

@@ -1,0 +1,133 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from batchlab.cli import main
+
+
+def run(capsys, *args):
+    """Run the CLI in-process; returns (exit code, stdout, stderr)."""
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_sweep_json_official_matches_table_d_convention(capsys):
+    code, out, _ = run(capsys, "nqm", "sweep", "--preset", "zhang2019-binned", "--optimizer", "sgd",
+                       "--precondition", "0", "--batch-sizes", "4,64", "--target", "0.01", "--grid", "official", "--json")
+    assert code == 0
+    rows = [json.loads(line) for line in out.strip().splitlines()]
+    assert [r["batch_size"] for r in rows] == [4, 64]
+    for row in rows:
+        for key in ("batch_size", "steps", "reached", "learning_rate", "momentum", "ema_decay", "final_loss"):
+            assert key in row
+        assert row["reached"] is True and row["momentum"] is None and row["ema_decay"] is None
+        assert row["final_loss"] < 0.01
+    # Table D (official low convention, notebook fudge) 1507367 and 95759; exact NQM within 0.1%
+    assert rows[0]["official_low"] == pytest.approx(1507367, rel=1e-3)
+    assert rows[1]["official_low"] == pytest.approx(95759, rel=1e-3)
+    assert rows[0]["steps"] == rows[0]["official_low"] + 1
+    code, out, _ = run(capsys, "nqm", "sweep", "--batch-sizes", "4,64", "--target", "0.01", "--grid", "official",
+                       "--notebook-fudge", "--json")
+    assert code == 0 and [json.loads(line)["official_low"] for line in out.strip().splitlines()] == [1507367, 95759]
+
+
+def test_sweep_momentum_with_fit(capsys):
+    code, out, _ = run(capsys, "nqm", "sweep", "--optimizer", "momentum", "--batch-sizes", "16,1024,65536",
+                       "--grid", "official", "--max-steps", "2000000", "--fit", "--json")
+    assert code == 0
+    lines = [json.loads(line) for line in out.strip().splitlines()]
+    assert all(r["momentum"] is not None for r in lines[:3])
+    fit = lines[3]["fit"]
+    assert fit["critical_batch_sizes"]["mccandlish_b_crit"]["value"] > 0
+    assert set(fit["critical_batch_sizes"]) == {"mccandlish_b_crit", "overhead_20pct", "perfect_scaling_end",
+                                                "maximal_parallelism_start"}
+
+
+def test_sweep_not_reached_is_null(capsys):
+    code, out, _ = run(capsys, "nqm", "sweep", "--batch-sizes", "4", "--target", "0.001", "--max-steps", "100",
+                       "--grid", "official", "--json")
+    row = json.loads(out)
+    assert code == 0 and row["reached"] is False and row["steps"] is None
+
+
+def test_sweep_power_law_spectrum_file_and_schedule(capsys, tmp_path):
+    code, out, _ = run(capsys, "nqm", "sweep", "--power-law", "1,1", "--dim", "100", "--batch-sizes", "8",
+                       "--target", "0.05", "--json")
+    assert code == 0 and json.loads(out)["reached"]
+    spectrum = tmp_path / "eig.txt"
+    spectrum.write_text("\n".join(str(1 / i) for i in range(1, 51)))
+    code, out, _ = run(capsys, "nqm", "sweep", "--spectrum", str(spectrum), "--batch-sizes", "8,64",
+                       "--target", "0.05", "--schedule", "pwc:5", "--json")
+    rows = [json.loads(line) for line in out.strip().splitlines()]
+    assert code == 0 and all(r["steps"] % 5 == 0 and r["steps"] <= r["constant_steps"] + 5 for r in rows)
+    code, out, _ = run(capsys, "nqm", "sweep", "--spectrum", str(spectrum), "--batch-sizes", "8",
+                       "--target", "0.05", "--schedule", "linear", "--json")
+    row = json.loads(out)
+    assert code == 0 and row["reached"] and row["decay_steps"] > 0 and row["final_loss"] < 0.05
+
+
+def test_fit_command_and_human_table(capsys):
+    code, out, _ = run(capsys, "nqm", "fit", "--batch-sizes", "4,64,1024,16384", "--grid", "official", "--json")
+    assert code == 0 and json.loads(out)["fit"]["b_crit"] > 0
+    code, out, _ = run(capsys, "nqm", "sweep", "--batch-sizes", "4,64", "--grid", "official")
+    assert code == 0 and "steps" in out and "batch" in out
+
+
+def test_curve_json_every_step_and_log(capsys):
+    code, out, _ = run(capsys, "nqm", "curve", "--learning-rate", "0.1", "--batch-size", "16", "--steps", "50", "--json")
+    rows = [json.loads(line) for line in out.strip().splitlines()]
+    assert code == 0 and [r["step"] for r in rows] == list(range(51))
+    assert rows[0]["loss"] == pytest.approx(4.7025, abs=5e-5) and rows[-1]["loss"] < rows[0]["loss"]
+    code, out, _ = run(capsys, "nqm", "curve", "--optimizer", "momentum", "--momentum", "0.9", "--learning-rate",
+                       "0.01", "--batch-size", "16", "--steps", "100000", "--every", "log", "--json")
+    rows = [json.loads(line) for line in out.strip().splitlines()]
+    assert code == 0 and rows[0]["step"] == 0 and rows[-1]["step"] == 100000 and len(rows) < 250
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["sweep", "--batch-sizes", "0,4"], "batch sizes must be > 0"),
+        (["sweep", "--batch-sizes", "-4"], "batch sizes must be > 0"),
+        (["sweep", "--target", "0"], "target must be > 0"),
+        (["sweep", "--target", "10"], "below the initial loss"),
+        (["sweep", "--precondition", "1.5"], "[0, 1]"),
+        (["sweep", "--optimizer", "adam"], "unknown optimizer"),
+        (["sweep", "--preset", "nope"], "unknown preset"),
+        (["sweep", "--schedule", "step"], "unknown schedule"),
+        (["sweep", "--grid", "fine"], "unknown grid"),
+        (["curve", "--optimizer", "momentum", "--momentum", "1.0", "--learning-rate", "0.1", "--batch-size", "4",
+          "--steps", "10"], "[0, 1)"),
+        (["curve", "--optimizer", "ema", "--ema-decay", "-0.1", "--learning-rate", "0.1", "--batch-size", "4",
+          "--steps", "10"], "[0, 1)"),
+        (["curve", "--learning-rate", "0.1", "--batch-size", "0", "--steps", "10"], "batch size must be > 0"),
+        (["sweep", "--power-law", "1,1"], "--dim"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(capsys, args, fragment):
+    code, out, err = run(capsys, "nqm", *args)
+    assert code == 2
+    assert err.startswith("error: ") and err.strip().count("\n") == 0 and fragment in err
+    assert out == ""
+
+
+def test_bad_spectrum_files_exit_2(capsys, tmp_path):
+    for text in ("", "1\n-1\n"):
+        path = tmp_path / "s.txt"
+        path.write_text(text)
+        code, _, err = run(capsys, "nqm", "sweep", "--spectrum", str(path))
+        assert code == 2 and err.startswith("error: ") and "spectrum" in err
+
+
+def test_subprocess_exit_code_and_no_traceback():
+    result = subprocess.run([sys.executable, "-m", "batchlab", "nqm", "sweep", "--batch-sizes", "0"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: ")

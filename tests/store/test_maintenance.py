@@ -1,0 +1,72 @@
+import os
+
+import pyarrow.parquet as pq
+
+from batchlab.store import Store
+from batchlab.store.batch_science_import import import_batch_science
+from batchlab.store.maintenance import compact, store_info
+
+QUERIES = [
+    "SELECT * FROM workloads ORDER BY ALL",
+    "SELECT * FROM studies ORDER BY ALL",
+    "SELECT * FROM trials ORDER BY ALL",
+    "SELECT * FROM measurements ORDER BY ALL",
+    "SELECT workload, batch_size, min(step) FROM measurements WHERE metric = 'val/classification_error' "
+    "AND value < 0.3 GROUP BY ALL ORDER BY ALL",
+]
+
+
+def answers(store):
+    con = store.connect()
+    return [con.execute(q).fetchall() for q in QUERIES]
+
+
+def fill(store, release_root, n_writers=5):
+    import_batch_science(store, release_root / "cifar_10")
+    for i in range(n_writers):
+        w = store.trial_writer(workload="mnist/fc_64_64_64/sgd", batch_size=16, trial_id=i + 1,
+                               trial_key=f"w{i}", parameters={"learning_rate": i / 10})
+        for step in range(0, 30, 7):
+            w.record(step, {"val/classification_error": 1 / (1 + step + i)})
+        w.finish(status=("COMPLETE", "INFEASIBLE")[i % 2], steps=28)
+    import_batch_science(store, release_root)
+
+
+def test_info_counts(store, release):
+    fill(store, release[0])
+    info = store_info(store)
+    assert info["workloads"] == 4 and info["studies"] == 7
+    assert info["trials"] == {"COMPLETE": 12 + 3, "INCOMPLETE": 6, "INFEASIBLE": 6 + 2}
+    assert info["measurements"] == 24 * 10 + 5 * 5
+
+
+def test_compaction_preserves_every_answer_and_merges(store, release):
+    fill(store, release[0])
+    before = answers(store)
+    files_before = {k: len(v) for k, v in store.state().files.items()}
+    assert files_before["measurements"] == 7
+    reader = store.connect()  # opened before the compaction: must keep working (grace period)
+    report = compact(store, grace_seconds=600)
+    assert report.merged["measurements"] == 7 and report.written["measurements"] == 1
+    assert {k: len(v) for k, v in store.state().files.items()} == {
+        "workloads": 1, "studies": 1, "trials": 1, "measurements": 1}
+    assert answers(store) == before
+    assert reader.execute(QUERIES[3]).fetchall() == before[3]
+    # a second compaction with no grace removes the replaced files and old log entries
+    report = compact(store, grace_seconds=0)
+    assert report.deleted_files == 7 + 7 + 3 + 3 and report.deleted_log_entries == 7
+    live = {os.path.join(store.root, f) for f in store.state().all_files()}
+    on_disk = {str(p) for p in (store.root / "data").rglob("*.parquet")}
+    assert on_disk == live
+    assert answers(Store.open(store.root)) == before
+
+
+def test_garbage_of_dead_writers_is_collected_but_live_files_are_kept(store, release, tmp_path):
+    fill(store, release[0], n_writers=1)
+    # a file of a writer that died (its claim is not locked) and one of a live writer (this one)
+    dead = store.root / "data" / "measurements" / "deadbeef-0.parquet"
+    pq.write_table(store.table("measurements"), dead)
+    _, live_path = store.new_data_path("measurements")
+    pq.write_table(store.table("measurements"), live_path)
+    compact(store, grace_seconds=0)
+    assert not dead.exists() and live_path.exists()

@@ -1,0 +1,139 @@
+import json
+
+import pyarrow as pa
+import pytest
+
+from batchlab.errors import BatchlabError
+from batchlab.store import Store, TrialRecord, publish_trials
+from batchlab.store.schema import VIEW_COLUMNS
+
+W = "mnist/fc_128_128_128/sgd"
+
+
+def writer(store, key="k1", trial_id=1, **kw):
+    return store.trial_writer(workload=W, batch_size=64, trial_id=trial_id, trial_key=key,
+                              parameters={"learning_rate": 0.1}, seed=0, **kw)
+
+
+def test_open_missing_store_is_a_user_error(tmp_path):
+    with pytest.raises(BatchlabError, match="no batchlab store"):
+        Store.open(tmp_path / "nope")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x.txt").write_text("hi")
+    with pytest.raises(BatchlabError, match="not a batchlab store"):
+        Store.open(tmp_path / "full", create=True)
+
+
+def test_views_have_the_documented_columns(store):
+    con = store.connect()
+    for name, columns in VIEW_COLUMNS.items():
+        assert tuple(d[0] for d in con.execute(f"SELECT * FROM {name}").description) == columns
+        assert con.execute(f"SELECT count(*) FROM {name}").fetchone()[0] == 0
+    with pytest.raises(BatchlabError, match="unknown table"):
+        store.table("trial")
+
+
+def test_trial_is_invisible_until_finished_then_whole(store):
+    w = writer(store, search_space={"learning_rate": {"type": "DOUBLE"}}, train_steps=100,
+               tags={"note": "x"})
+    w.record(0, {"val/classification_error": 0.9, "train/cross_entropy_error": 2.3})
+    w.record(50, {"val/classification_error": 0.4})
+    # durable as it goes: the journal holds every record
+    lines = w.journal_path.read_text().splitlines()
+    assert json.loads(lines[0])["header"]["trial_key"] == "k1"
+    assert json.loads(lines[2]) == {"step": 50, "values": {"val/classification_error": 0.4}}
+    assert store.table("measurements").num_rows == 0 and store.finished_trial_keys() == set()
+    assert w.finish(status="COMPLETE", steps=100) is True
+    assert not w.journal_path.exists()
+    assert store.finished_trial_keys() == {"k1"}
+    m = store.table("measurements").to_pandas().sort_values(["step", "metric"])
+    assert m[["step", "metric", "value"]].values.tolist() == [
+        [0, "train/cross_entropy_error", 2.3], [0, "val/classification_error", 0.9],
+        [50, "val/classification_error", 0.4]]
+    t = store.table("trials").to_pylist()[0]
+    assert (t["status"], t["steps"], t["seed"], t["source"]) == ("COMPLETE", 100, 0, "batchlab")
+    assert json.loads(t["parameters"]) == {"learning_rate": 0.1}
+    s = store.table("studies").to_pylist()[0]
+    assert json.loads(s["search_space"]) == {"learning_rate": {"type": "DOUBLE"}}
+    assert s["train_steps"] == 100
+    wl = store.table("workloads").to_pylist()[0]
+    assert (wl["dataset"], wl["model"], wl["optimizer"]) == ("mnist", "fc_128_128_128", "sgd")
+    assert json.loads(wl["tags"]) == {"note": "x"}
+
+
+def test_next_trial_id_counts_published_and_pending(store):
+    assert store.next_trial_id(W, 64) == 1
+    w = writer(store, trial_id=store.next_trial_id(W, 64))
+    assert store.next_trial_id(W, 64) == 2  # a running writer holds its id
+    w.finish("INFEASIBLE", steps=3)
+    assert store.next_trial_id(W, 64) == 2
+    assert store.next_trial_id(W, 128) == 1
+
+
+def test_republishing_a_key_adds_nothing(store):
+    w = writer(store)
+    w.record(1, {"a": 1.0})
+    w.finish()
+    again = writer(store, trial_id=7)
+    again.record(1, {"a": 2.0})
+    assert again.finish() is False
+    assert store.table("measurements")["value"].to_pylist() == [1.0]
+    assert store.table("trials").num_rows == 1
+
+
+def test_trial_id_clash_under_another_key_is_refused(store):
+    writer(store, key="a").finish()
+    with pytest.raises(BatchlabError, match="already published under another trial key"):
+        writer(store, key="b").finish()
+    assert store.finished_trial_keys() == {"a"}
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda w: w.record(-1, {"a": 1.0}), "step must be an integer"),
+        (lambda w: w.record(1.5, {"a": 1.0}), "step must be an integer"),
+        (lambda w: w.record(1, {"a": "x"}), "must be a number"),
+        (lambda w: (w.record(1, {"a": 1.0}), w.record(1, {"a": 2.0})), "twice at step 1"),
+        (lambda w: w.finish("DONE"), "unknown trial status 'DONE'"),
+    ],
+)
+def test_writer_rejects_bad_input(store, call, message):
+    with pytest.raises(BatchlabError, match=message):
+        call(writer(store))
+
+
+def test_bad_writer_fields(store):
+    with pytest.raises(BatchlabError, match="dataset/model/optimizer"):
+        store.trial_writer(workload="mnist/sgd", batch_size=1, trial_id=1, trial_key="k",
+                           parameters={})
+    with pytest.raises(BatchlabError, match="batch_size must be an integer >= 1"):
+        store.trial_writer(workload=W, batch_size=0, trial_id=1, trial_key="k", parameters={})
+
+
+def test_publish_trials_in_one_commit(store):
+    records = [
+        TrialRecord(workload=W, batch_size=8, trial_id=i, trial_key=f"r{i}", parameters={"lr": i},
+                    status="COMPLETE", steps=10, measurements=[(0, "loss", 1.0), (10, "loss", 0.5)])
+        for i in range(1, 4)
+    ]
+    assert publish_trials(store, records) == 3
+    assert publish_trials(store, records) == 0
+    assert store.state().seq == 1
+    con = store.connect()
+    assert con.execute("SELECT count(*) FROM measurements").fetchone()[0] == 6
+    assert isinstance(store.table("measurements"), pa.Table)
+
+
+def test_numpy_numbers_are_accepted(store):
+    import numpy as np
+
+    w = store.trial_writer(workload=W, batch_size=np.int64(64), trial_id=np.int64(2), trial_key="np",
+                           parameters={"learning_rate": np.float32(0.5)}, seed=np.int64(3),
+                           train_steps=np.int64(10))
+    w.record(np.int64(10), {"loss": np.float32(0.25)})
+    assert w.finish(steps=np.int64(10))
+    t = store.table("trials").to_pylist()[0]
+    assert (t["batch_size"], t["trial_id"], t["seed"], t["steps"]) == (64, 2, 3, 10)
+    assert json.loads(t["parameters"]) == {"learning_rate": 0.5}
+    assert store.table("measurements")["value"].to_pylist() == [0.25]

@@ -1,0 +1,88 @@
+"""Sweep configuration: TOML loading and one-line validation errors naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchlab.errors import BatchlabError
+from batchlab.sweep.config import SweepConfig, load_sweep_config, parse_sweep_config
+
+GOOD = """
+workloads = ["mnist/fc_64_64_64"]
+optimizers = ["sgd", "momentum"]
+batch_sizes = [64, 16]
+trials = 4
+store = "runs/x"
+steps = 100
+train_examples = 1000
+
+[budgets]
+16 = 300
+
+[search_spaces.sgd.learning_rate]
+type = "DOUBLE"
+min_value = 0.01
+max_value = 1.0
+scale = "LOG_SCALE"
+"""
+
+
+def test_good_file_loads_with_defaults_and_budgets(tmp_path):
+    path = tmp_path / "sweep.toml"
+    path.write_text(GOOD)
+    config = load_sweep_config(path)
+    assert config.batch_sizes == [16, 64]
+    assert config.study_steps(3000, 16) == 300 and config.study_steps(3000, 64) == 100
+    assert config.executor == "local" and not config.uses_dask and config.vectorize == "auto"
+    assert config.stop_at_goal is True and config.grow_budget is False
+
+
+def test_command_line_overrides_win(tmp_path):
+    path = tmp_path / "sweep.toml"
+    path.write_text(GOOD)
+    config = load_sweep_config(path, {"trials": 9, "workers": 3, "store": None})
+    assert config.trials == 9 and config.workers == 3 and config.store == "runs/x"
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"executor": "ray"}, "field 'executor': Input should be 'local' or 'dask'"),
+        ({"trials": 0}, "field 'trials': Input should be greater than or equal to 1"),
+        ({"batch_sizes": [16, 16]}, "field 'batch_sizes': batch sizes must be distinct"),
+        ({"batch_sizes": [0, 16]}, "field 'batch_sizes': batch sizes must be positive"),
+        ({"vectorize": "yes"}, "field 'vectorize': Input should be 'auto', 'always' or 'never'"),
+        ({"trails": 3}, "unknown field 'trails'; allowed fields: workloads, optimizers, batch_sizes, trials"),
+        ({"budgets": {"32": 10}}, "budgets: batch sizes [32] are not in batch_sizes; allowed: [16, 64]"),
+        ({"scheduler": "10.0.0.1"}, "field 'scheduler': scheduler must look like tcp://HOST:PORT"),
+        ({"optimizers": ["sgd", "momentun"]}, "field 'optimizers': unknown optimizer 'momentun' (did you mean 'momentum'?)"),
+        ({"workloads": ["mnist/fc_128"]}, "field 'workloads': unknown workload 'mnist/fc_128'"),
+        ({"search_spaces": {"sgd": {"learning_rate": {"type": "DOUBLE", "min_value": 1, "max_value": 2, "scale": "CUBIC"}}}},
+         "field 'search_spaces.sgd': parameter 'learning_rate': unknown scale 'CUBIC'; allowed:"),
+    ],
+)
+def test_bad_values_are_one_line_naming_field_and_allowed(change, expected):
+    data = {"workloads": ["mnist/fc_64_64_64"], "optimizers": ["sgd"], "batch_sizes": [16, 64], "trials": 2}
+    data.update(change)
+    with pytest.raises(BatchlabError) as info:
+        parse_sweep_config(data, source="s.toml")
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("s.toml: ")
+    assert expected in message
+
+
+def test_missing_required_field_and_bad_toml(tmp_path):
+    with pytest.raises(BatchlabError, match="field 'trials' is required"):
+        parse_sweep_config({"workloads": ["mnist/fc_64_64_64"], "optimizers": ["sgd"], "batch_sizes": [1]})
+    path = tmp_path / "bad.toml"
+    path.write_text("trials = [1,\n")
+    with pytest.raises(BatchlabError, match="not valid TOML"):
+        load_sweep_config(path)
+    with pytest.raises(BatchlabError, match="does not exist"):
+        load_sweep_config(tmp_path / "missing.toml")
+
+
+def test_scheduler_means_dask_and_workers_default_to_cores():
+    config = SweepConfig(workloads=["w"], optimizers=["sgd"], batch_sizes=[1], trials=1, scheduler="tcp://127.0.0.1:8786")
+    assert config.uses_dask
+    assert config.resolved_workers() >= 1

@@ -1,0 +1,103 @@
+"""The driver end to end: resume after SIGKILL of the driver, a killed worker's trial re-run, Dask."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+
+import psutil
+
+from batchlab.sweep.executors import LocalPoolExecutor
+from batchlab.sweep.runner import Reporter, prepare_sweep, run_sweep
+from conftest import TINY, child_env, run_sweep_cli, store_contents, sweep_command, tiny_config
+
+
+def _trial_keys(path) -> list[str]:
+    from batchlab.store import Store
+
+    return Store.open(path).table("trials").column("trial_key").to_pylist()
+
+
+def test_uninterrupted_sweep_stores_every_trial_once(tiny_baseline):
+    path, summary, (trials, measurements) = tiny_baseline
+    keys = [t[3] for t in trials]
+    assert len(keys) == 6 and len(set(keys)) == 6
+    assert sorted((t[1], t[2]) for t in trials) == [(8, 0), (8, 1), (8, 2), (64, 0), (64, 1), (64, 2)]
+    assert summary.trials_run == 6 and summary.trials_skipped == 0
+    assert [r.batch_size for r in summary.results["mnist/fc_64_64_64/momentum"]] == [8, 64]
+    assert {m[3] for m in measurements} == set(range(1, 9))  # evaluated after every one of the 8 updates
+
+
+def test_resume_after_driver_sigkill_equals_uninterrupted(tiny_baseline, tmp_path):
+    base_path, _, base_contents = tiny_baseline
+    path = tmp_path / "store"
+    driver = subprocess.Popen(sweep_command(*TINY, "--workers", "1", "--store", str(path), "--json"),
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=child_env())
+    seen = 0
+    workers = []
+    for line in driver.stdout:
+        if json.loads(line)["event"] == "trial":
+            seen += 1
+            if seen == 2:
+                workers = psutil.Process(driver.pid).children(recursive=True)
+                driver.send_signal(signal.SIGKILL)
+                break
+    driver.wait(timeout=30)
+    assert seen == 2
+    _, still_alive = psutil.wait_procs(workers, timeout=10)  # workers die with the driver
+    assert still_alive == []
+    kept = _trial_keys(path)
+    assert 2 <= len(kept) < 6 and len(set(kept)) == len(kept)
+
+    result, events = run_sweep_cli(*TINY, "--workers", "1", "--store", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    assert events[0]["finished_before"] == len(kept)
+    rerun = {e["trial_key"] for e in events if e["event"] == "trial"}
+    assert rerun.isdisjoint(kept) and len(rerun) == 6 - len(kept)
+    assert store_contents(path) == base_contents
+
+
+class _KillFirstWorker(Reporter):
+    """Records events; SIGKILLs a pool worker when the first trial is published."""
+
+    def __init__(self, executor_box):
+        self.executor_box = executor_box
+        self.trials, self.lost, self.killed = [], [], None
+
+    def trial(self, progress, outcome, totals):
+        self.trials.append(outcome.key)
+        if self.killed is None:
+            self.killed = self.executor_box[0].worker_pids()[0]
+            os.kill(self.killed, signal.SIGKILL)
+
+    def worker_lost(self, keys):
+        self.lost.extend(keys)
+
+
+def test_killed_worker_trial_is_rerun(tiny_baseline, tmp_path):
+    _, _, base_contents = tiny_baseline
+    box = []
+
+    def pool(fn, workers, **_):
+        box.append(LocalPoolExecutor(fn, workers=1))
+        return box[0]
+
+    reporter = _KillFirstWorker(box)
+    path = tmp_path / "store"
+    summary = run_sweep(prepare_sweep(tiny_config(), str(path)), reporter, executor_factory=pool)
+    assert reporter.killed is not None and reporter.lost  # the killed worker's trial (and those queued) ...
+    assert set(reporter.lost) <= set(reporter.trials)  # ... ran again,
+    assert len(reporter.trials) == 6 == len(set(reporter.trials))  # and each trial was stored once
+    assert summary.workers_lost >= 1 and summary.trials_run == 6
+    assert store_contents(path) == base_contents
+
+
+def test_dask_local_cluster_matches_local_pool(tiny_baseline, tmp_path):
+    _, _, base_contents = tiny_baseline
+    path = tmp_path / "store"
+    config = tiny_config().model_copy(update={"executor": "dask", "workers": 1})
+    summary = run_sweep(prepare_sweep(config, str(path)))
+    assert summary.executor == "dask" and summary.trials_run == 6
+    assert store_contents(path) == base_contents

@@ -1,0 +1,83 @@
+"""Vectorized trials give the measurements of sequential ``run_trial`` (up to floating-point rounding)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+import batchlab.workloads.registry as registry
+from batchlab.errors import BatchlabError
+from batchlab.sweep.vectorized import run_trials_vectorized, vectorization_obstacle
+from batchlab.train import TrialSpec, run_trial
+
+POINTS = {
+    "sgd": [{"learning_rate": 0.05}, {"learning_rate": 0.3, "learning_rate_decay_steps": 6, "end_learning_rate_factor": 0.1},
+            {"learning_rate": 40.0}],  # the last one diverges
+    "momentum": [{"learning_rate": 0.02, "momentum": 0.9}, {"learning_rate": 0.1, "momentum": 0.5, "warmup_steps": 3}],
+    "nesterov": [{"learning_rate": 0.02, "momentum": 0.9, "weight_decay": 1e-3}, {"learning_rate": 0.05, "momentum": 0.7}],
+    "adam": [{"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.99}, {"learning_rate": 3e-3, "beta1": 0.5, "epsilon": 1e-6}],
+}
+
+
+def _specs(optimizer, stop_at_goal=False, steps=12):
+    return [
+        TrialSpec(workload="mnist/fc_64_64_64", optimizer=optimizer, batch_size=16, hyperparameters=h, steps=steps,
+                  train_examples=512, seed=10 + i, data_seed=1, stop_at_goal=stop_at_goal,
+                  evaluation_steps=[1, 4, 8, steps])
+        for i, h in enumerate(POINTS[optimizer])
+    ]
+
+
+def _assert_same(sequential, vectorized):
+    assert (vectorized.status, vectorized.steps, vectorized.steps_to_goal) == (
+        sequential.status, sequential.steps, sequential.steps_to_goal)
+    assert [m["step"] for m in vectorized.measurements] == [m["step"] for m in sequential.measurements]
+    for a, b in zip(sequential.measurements, vectorized.measurements):
+        assert a.keys() == b.keys()
+        for name in a:
+            if "classification" in name:
+                assert abs(a[name] - b[name]) <= 2.5e-3, (name, a, b)  # at most a few examples flip
+            elif math.isfinite(a[name]):
+                assert b[name] == pytest.approx(a[name], rel=1e-4, abs=1e-5), (name, a, b)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "nesterov", "adam"])
+def test_vectorized_equals_sequential(optimizer):
+    specs = _specs(optimizer)
+    vectorized = run_trials_vectorized(specs)
+    for spec, result in zip(specs, vectorized):
+        _assert_same(run_trial(spec), result)
+    if optimizer == "sgd":
+        assert vectorized[2].status == "INFEASIBLE" and vectorized[0].status == "COMPLETE"
+
+
+def test_stop_at_goal_and_group_size_do_not_change_a_trial(monkeypatch):
+    # A goal-beating trial stops early in both paths; a trial's numbers do not depend on its group.
+    specs = _specs("sgd", stop_at_goal=True)
+    for spec in specs:
+        spec.hyperparameters = {"learning_rate": 0.2}
+    specs[1].hyperparameters = {"learning_rate": 1e-4}
+    workload = registry.WORKLOADS["mnist/fc_64_64_64"]
+    monkeypatch.setitem(registry.WORKLOADS, workload.name, replace(workload, goal=0.865))  # reached at step 8
+    together = run_trials_vectorized(specs)
+    alone = run_trials_vectorized([specs[0]])[0]
+    sequential = [run_trial(spec) for spec in specs]
+    assert together[0].steps_to_goal is not None and together[0].steps == together[0].steps_to_goal == 8
+    assert together[1].steps == 12
+    assert alone.measurements == together[0].measurements
+    for s, v in zip(sequential, together):
+        _assert_same(s, v)
+
+
+def test_what_cannot_be_vectorized_is_named():
+    specs = _specs("momentum")
+    specs[1].batch_size = 32
+    assert vectorization_obstacle(specs) == "trials differ in batch_size"
+    kfac = [TrialSpec(workload="mnist/fc_64_64_64", optimizer="kfac", batch_size=16, hyperparameters={})]
+    assert "not vectorized" in vectorization_obstacle(kfac)
+    ema = _specs("sgd")
+    ema[0].hyperparameters = {"learning_rate": 0.1, "ema_decay": 0.9}
+    with pytest.raises(BatchlabError, match="ema_decay is not vectorized"):
+        run_trials_vectorized(ema)

@@ -1,0 +1,72 @@
+import json
+
+import pytest
+
+from batchlab.errors import BatchlabError
+from batchlab.search import default_search_space
+from batchlab.store import Store
+from batchlab.train import TrialResult, best_final_trial, best_trial, run_study
+
+
+def trial(trial_id, status="COMPLETE", steps_to_goal=None, final=0.5, maximize=False):
+    return TrialResult(
+        workload="d/m/o", batch_size=8, trial_id=trial_id, trial_key=str(trial_id), parameters={}, seed=0,
+        status=status, steps=100, steps_to_goal=steps_to_goal,
+        measurements=[{"step": 100, "val/metric": final}], metric="val/metric", goal=0.1, maximize=maximize,
+    )
+
+
+def test_best_trial_is_fewest_steps_ties_to_lower_id_complete_only():
+    trials = [trial(1, steps_to_goal=40), trial(2, steps_to_goal=30), trial(3, steps_to_goal=30),
+              trial(4, status="INFEASIBLE", steps_to_goal=10), trial(5)]
+    assert best_trial(trials).trial_id == 2
+    assert best_trial([trial(1), trial(2, status="INFEASIBLE", steps_to_goal=5)]) is None
+
+
+def test_best_final_trial_respects_direction_and_ties():
+    trials = [trial(1, final=0.3), trial(2, final=0.2), trial(3, final=0.2), trial(4, status="INFEASIBLE", final=0.0)]
+    assert best_final_trial(trials).trial_id == 2
+    up = [trial(1, final=0.3, maximize=True), trial(2, final=0.2, maximize=True)]
+    assert best_final_trial(up).trial_id == 1
+    assert best_final_trial([trial(1, status="INFEASIBLE")]) is None
+
+
+def first_steps_from_store(store, goal):
+    """Each trial's first evaluation step beating the goal, computed from the store alone."""
+    rows = store.connect().execute(
+        "select trial_id, min(step) from measurements where metric = 'val/classification_error' and value < ? group by trial_id",
+        [goal],
+    ).fetchall()
+    return dict(rows)
+
+
+def test_study_records_n_trials_and_picks_the_best(tmp_path, easy_workload):
+    store = Store.open(tmp_path / "s", create=True)
+    result = run_study(easy_workload, "momentum", 64, trials=3, store=store, steps=16, train_examples=512, seed=0)
+    space = default_search_space("momentum", train_steps=16)
+    con = store.connect()
+    trials = con.execute("select trial_id, parameters, status, seed from trials order by trial_id").fetchall()
+    assert [t[0] for t in trials] == [1, 2, 3]
+    assert [json.loads(t[1]) for t in trials] == space.sample(3, seed=0)
+    assert [t[3] for t in trials] == [0, 1, 2]
+    assert json.loads(con.execute("select search_space from studies").fetchone()[0]) == space.to_batch_science()
+
+    firsts = first_steps_from_store(store, 0.75)
+    statuses = {t[0]: t[2] for t in trials}
+    candidates = sorted((s, i) for i, s in firsts.items() if statuses[i] == "COMPLETE")
+    assert candidates  # with seed 0, trial 3 (learning rate 0.67) beats the loose goal early
+    assert (result.best.steps_to_goal, result.best.trial_id) == candidates[0]
+    assert [t.steps_to_goal for t in result.trials] == [firsts.get(t.trial_id) for t in result.trials]
+
+    more = run_study(easy_workload, "momentum", 64, trials=1, store=store, steps=16, train_examples=512, seed=0)
+    assert [t.trial_id for t in more.trials] == [4]  # the study continues its quasi-random sequence
+    assert [t.parameters for t in more.trials] == space.sample(4, seed=0)[3:]
+
+
+def test_bad_study_writes_nothing(tmp_path):
+    store = Store.open(tmp_path / "s", create=True)
+    with pytest.raises(BatchlabError, match="number of trials"):
+        run_study("mnist/fc_64_64_64", "sgd", 8, trials=0, store=store, steps=5, train_examples=64)
+    with pytest.raises(BatchlabError, match="batch size 100 is out of range"):
+        run_study("mnist/fc_64_64_64", "sgd", 100, trials=2, store=store, steps=5, train_examples=64)
+    assert store.table("trials").num_rows == 0 and store.pending_headers() == []
