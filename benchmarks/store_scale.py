@@ -190,15 +190,16 @@ def main(argv=None) -> dict:
         t, c = time.perf_counter(), time.process_time()
         sql_answers = steps_to_result_sql(con, sels)
         sql_seconds, sql_cpu = time.perf_counter() - t, time.process_time() - c
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()  # process_time counts DuckDB's threads
         analysis_answers = steps_to_result_analysis(store.connect(), sels)
-        analysis_seconds = time.perf_counter() - t
+        analysis_seconds, analysis_cpu = time.perf_counter() - t, time.process_time() - c
         if analysis_answers is not None:
             assert analysis_answers == sql_answers, "batchlab.analysis and the SQL disagree"
         result["steps_to_result"] = {
             "workloads": len(workloads), "batch_sizes_reached": len(sql_answers),
             "sql_seconds": round(sql_seconds, 3), "sql_cpu_seconds": round(sql_cpu, 3),
             "analysis_seconds": round(analysis_seconds, 3) if analysis_answers is not None else None,
+            "analysis_cpu_seconds": round(analysis_cpu, 3) if analysis_answers is not None else None,
         }
         say(f"steps to result: {result['steps_to_result']}")
         result["peak_rss_gb_after_import_and_analysis"] = peak_rss_gb()
@@ -242,6 +243,7 @@ def main(argv=None) -> dict:
         }
         say(f"baseline: {result['baseline_subset']}")
         say(f"ratios: {result['ratios']}")
+        print(json.dumps(result), flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(release, ignore_errors=True)
@@ -249,7 +251,6 @@ def main(argv=None) -> dict:
             shutil.rmtree(workdir / "subset_store", ignore_errors=True)
             if args.workdir is None:
                 shutil.rmtree(workdir, ignore_errors=True)
-    print(json.dumps(result))
     return result
 
 

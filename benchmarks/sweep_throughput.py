@@ -43,13 +43,16 @@ def _specs(batch_size: int, k: int, steps: int, final_only: bool, train_examples
     ]
 
 
-def _tasks(n: int, batch_size: int, steps: int, evaluation_final_only: bool = True):
-    """``n`` one-trial tasks of the sweep's own kind (sequential trials)."""
+def _tasks(n: int, batch_size: int, steps: int):
+    """``n`` one-trial tasks of the sweep's own kind (sequential trials) of equal cost: SGD with a learning
+    rate of 0.01 (none diverges or stops early), evaluated on the workload's schedule."""
     from batchlab.sweep.config import parse_sweep_config
     from batchlab.sweep.plan import make_tasks, plan_studies
 
+    fixed_rate = {"learning_rate": {"type": "DOUBLE", "min_value": 0.01, "max_value": 0.01, "scale": "LINEAR"}}
     config = parse_sweep_config({"workloads": [WORKLOAD], "optimizers": ["sgd"], "batch_sizes": [batch_size],
-                                 "trials": n, "steps": steps, "train_examples": 10_000, "stop_at_goal": False})
+                                 "trials": n, "steps": steps, "train_examples": 10_000, "stop_at_goal": False,
+                                 "search_spaces": {"sgd": fixed_rate}})
     study = plan_studies(config)[0]
     return make_tasks(study, study.trial_plans(), vectorized=False, group_size=1)
 
@@ -65,19 +68,26 @@ def _run_all(executor, tasks) -> float:
 
 
 def workers_ratio(n_trials: int, steps: int) -> None:
+    import psutil
+
     from batchlab.sweep.executors import LocalPoolExecutor
     from batchlab.sweep.worker import run_task
 
     tasks = _tasks(n_trials, 64, steps)
-    rates = {}
+    rates, cores = {}, {}
     for workers in (1, 2):
         with LocalPoolExecutor(run_task, workers=workers) as pool:
             _run_all(pool, _tasks(workers, 64, 2))  # warm up: start workers, import torch, load data
+            procs = [psutil.Process(pid) for pid in pool.worker_pids()]
+            cpu_before = sum(sum(p.cpu_times()[:2]) for p in procs)
             wall = _run_all(pool, tasks)
+            cpu = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu_before
         rates[workers] = n_trials / wall * 3600
-        print(f"  {workers} worker(s): {n_trials} trials in {wall:.1f} s = {rates[workers]:.0f} trials/hour")
-    print(f"workers: 2 vs 1 = {rates[2] / rates[1]:.2f}x trials/hour (goal >= 1.8x on 2 free cores; "
-          f"cores: {os.cpu_count()}, load average now {os.getloadavg()[0]:.1f})")
+        cores[workers] = cpu / wall
+        print(f"  {workers} worker(s): {n_trials} trials in {wall:.1f} s = {rates[workers]:.0f} trials/hour; "
+              f"the workers got {cores[workers]:.2f} cores of CPU time ({n_trials / cpu * 3600:.0f} trials per CPU-hour)")
+    print(f"workers: 2 vs 1 = {rates[2] / rates[1]:.2f}x trials/hour (goal >= 1.8x on 2 free cores; cores: {os.cpu_count()}, "
+          f"load average now {os.getloadavg()[0]:.1f}; CPU obtained 2 vs 1: {cores[2] / cores[1]:.2f}x)")
 
 
 def vectorized_ratio(k: int, steps: int) -> None:
@@ -98,6 +108,28 @@ def vectorized_ratio(k: int, steps: int) -> None:
             what = "training only (one evaluation)" if final_only else "whole trials (workload evaluation schedule)"
             print(f"vectorized: batch size {batch_size:>3}, K={k}, {steps} steps, {what}: sequential {sequential:.2f} s, "
                   f"vectorized {vectorized:.2f} s = {sequential / vectorized:.2f}x trials/hour (goal >= 4x)")
+
+
+def vectorize_rule(k: int, steps: int) -> None:
+    """Training-loop speed-up at more batch sizes: the evidence behind ``VECTORIZE_MAX_WORK``."""
+    from batchlab.sweep.runner import VECTORIZE_MAX_WORK
+    from batchlab.sweep.vectorized import run_trials_vectorized
+    from batchlab.train import run_trial
+    from batchlab.workloads import get_workload
+
+    params = get_workload(WORKLOAD).num_parameters()
+    for batch_size in (1, 4, 64):
+        specs = _specs(batch_size, k, steps, True)
+        start = time.perf_counter()
+        for spec in specs:
+            run_trial(spec)
+        sequential = time.perf_counter() - start
+        start = time.perf_counter()
+        run_trials_vectorized(specs)
+        vectorized = time.perf_counter() - start
+        auto = "vectorized" if batch_size * params <= VECTORIZE_MAX_WORK else "sequential"
+        print(f"rule: batch size {batch_size:>3}, K={k}, training only: {sequential / vectorized:.2f}x "
+              f"(auto rule picks {auto}: batch_size * {params} parameters vs {VECTORIZE_MAX_WORK})")
 
 
 def dask_overhead(n_trials: int) -> None:
@@ -125,13 +157,15 @@ def dask_overhead(n_trials: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
-    parser.add_argument("--only", choices=["workers", "vectorized", "dask"], default=None)
+    parser.add_argument("--only", choices=["workers", "vectorized", "rule", "dask"], default=None)
     args = parser.parse_args()
     q = args.quick
     if args.only in (None, "workers"):
-        workers_ratio(n_trials=4 if q else 8, steps=40 if q else 150)
+        workers_ratio(n_trials=4 if q else 12, steps=40 if q else 150)
     if args.only in (None, "vectorized"):
         vectorized_ratio(k=4 if q else 16, steps=30 if q else 200)
+    if args.only in (None, "rule"):
+        vectorize_rule(k=4 if q else 16, steps=20 if q else 100)
     if args.only in (None, "dask"):
         dask_overhead(n_trials=5 if q else 20)
 

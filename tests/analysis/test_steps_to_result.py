@@ -216,3 +216,30 @@ def test_trial_first_steps_per_trial_table(make_con):
     steps = trial_steps_by_batch_size(frame)
     assert set(steps) == {8, 16}
     np.testing.assert_array_equal(steps[8], [np.inf, 20.0])
+
+
+def test_selections_sharing_a_scan_keep_their_own_goal_and_budget(make_con):
+    # Several goals and budgets on one (workload, metric, direction) share one narrowed scan,
+    # bounded by the loosest goal and budget; each selection must still get its exact answer,
+    # the same as when it is asked alone.
+    con = make_con(
+        [
+            trial(W, 8, 1, curve([(10, 0.04), (20, 0.02), (40, 0.005), (80, 0.001)])),
+            trial(W, 8, 2, curve([(15, 0.03), (30, 0.009)])),
+            trial(W, 8, 3, curve([(5, 0.5), (60, float("-inf")), (70, float("nan"))])),
+        ]
+    )
+    selections = [
+        Selection(W, M, 0.01),
+        Selection(W, M, 0.05),
+        Selection(W, M, 0.002),
+        Selection(W, M, 0.01, step_budget=35),
+        Selection(W, M, 0.05, step_budget=12),
+        Selection(W, M, 0.01, example_budget=8 * 30),
+        Selection(W, M, 0.02, maximize=True),
+    ]
+    together = steps_to_result_many(con, selections)
+    alone = [steps_to_result_many(con, [s])[0] for s in selections]
+    assert together == alone
+    assert [(r[0].steps, r[0].trial_id) for r in together] == [
+        (30, 2), (10, 1), (80, 1), (30, 2), (10, 1), (30, 2), (5, 3)]

@@ -98,6 +98,8 @@ def test_human_output_is_a_table(capsys):
         (["--optimizer", "sgd", "--batch-size", "8", "--learning-rate", "-0.5"], "learning rate must be > 0"),
         (["--optimizer", "sgd", "--batch-size", "8", "--learning-rate", "0.1", "--hparam", "nope"], "NAME=VALUE"),
         (["--optimizer", "sgd", "--batch-size", "8", "--learning-rate", "0.1", "--hparam", "momentum=0.9"], "--momentum"),
+        (["--optimizer", "sgd", "--batch-size", "8", "--learning-rate", "0.1", "--eval-budget", "-1"], "evaluation budget must be a number > 0"),
+        (["--optimizer", "sgd", "--batch-size", "8", "--learning-rate", "0.1", "--eval-budget", "0.1", "--eval-every", "5"], "not both"),
     ],
 )
 def test_train_bad_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_path, args, fragment):
@@ -155,3 +157,19 @@ def test_hparams_and_eval_every(capsys):
     *evaluations, final = json_lines(out)
     assert [row["step"] for row in evaluations] == [4, 8, 10]
     assert final["parameters"] == {"learning_rate": 0.001, "label_smoothing": 0.1}
+
+
+def test_eval_budget_and_train_eval_examples(capsys, tmp_path):
+    args = ["train", "mnist/fc_64_64_64", "--optimizer", "sgd", "--batch-size", "16", "--learning-rate", "0.1",
+            "--steps", "60", "--train-examples", "256", "--json"]
+    status, out, err = run_main(capsys, *args)
+    assert status == 0, err
+    default_steps = [row["step"] for row in json_lines(out)[:-1]]
+    status, out, err = run_main(capsys, *args, "--eval-budget", "0.5", "--train-eval-examples", "100",
+                                "--store", str(tmp_path / "s"))
+    assert status == 0, err
+    *evaluations, final = json_lines(out)
+    steps = [row["step"] for row in evaluations]
+    assert steps[-1] == 60 and set(steps) < set(default_steps) and final["status"] == "COMPLETE"
+    assert all(set(row) == RELEASE_METRICS | {"step"} for row in evaluations)
+    assert Store.open(tmp_path / "s").table("measurements").num_rows == 4 * len(steps)

@@ -6,7 +6,7 @@ import pytest
 from batchlab.analysis.critical_batch_size import fit_steps_curve
 from batchlab.nqm.figures import figure_data
 from batchlab.nqm.problem import zhang2019_binned
-from batchlab.plots.nqm import FIGURES, steps_curves, write_nqm_figures
+from batchlab.plots.nqm import FIGURES, compute_and_draw_nqm_figures, steps_curves
 
 
 @pytest.fixture(scope="module")
@@ -113,9 +113,12 @@ def test_claim7_every_curve_stays_above_the_information_bound(data):
             assert point["steps"] > problem.dimension / (2 * 0.01 * point["batch_size"])
 
 
-def test_figures_are_written(data, tmp_path):
-    paths = write_nqm_figures(data, tmp_path)
-    assert set(paths) == set(FIGURES)
+def test_figures_are_written_by_the_parallel_pipeline(data, tmp_path):
+    # What `batchlab nqm figures` runs: forked compute workers, then drawing here and in a forked child.
+    parallel, paths, timings = compute_and_draw_nqm_figures(tmp_path, workers=2)
+    assert parallel == data  # the same numbers as the single-process computation
+    assert set(timings) == {"compute_s", "draw_s", "compute_cpu_s", "draw_cpu_s"}
+    assert list(paths) == list(FIGURES)
     for path in paths.values():
         assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.glob(".*"))  # no temporary files left behind

@@ -185,3 +185,49 @@ def test_a_study_without_trials_is_recorded(tmp_path, store):
     assert store.table("studies").to_pylist()[0]["train_steps"] == 0
     assert import_batch_science(store, tmp_path / "rel").trials_added == 0
     assert store.state().seq == 1
+
+
+def sorted_by_layout(table):
+    """Whether the rows of a measurements table are in maintenance.MEASUREMENT_ORDER."""
+    import pyarrow as pa
+
+    from batchlab.store.maintenance import MEASUREMENT_ORDER
+
+    frame = table.select(list(MEASUREMENT_ORDER)).cast(
+        pa.schema([(n, pa.string() if n in ("workload", "metric") else pa.int64()) for n in MEASUREMENT_ORDER])
+    ).to_pandas()
+    return frame.equals(frame.sort_values(list(MEASUREMENT_ORDER), kind="stable").reset_index(drop=True))
+
+
+def test_measurement_files_are_sorted_with_small_row_groups(tmp_path, release, monkeypatch):
+    # The layout that lets a query on (workload, metric) skip other row groups: rows sorted by
+    # (workload, metric, batch_size, trial_id, step), row groups of at most 64k rows with min/max
+    # statistics, key columns dictionary-encoded.
+    import pyarrow.parquet as pq
+
+    from batchlab.store import maintenance
+
+    root, _ = release
+    store = Store.open(tmp_path / "s", create=True)
+    monkeypatch.setattr(maintenance, "MEASUREMENT_ROW_GROUP_ROWS", 16)  # several groups, tiny tree
+    import_batch_science(store, root, jobs=2, trials_per_batch=5)
+    files = [store.root / f for f in store.state().files["measurements"]]
+    assert len(files) > 1
+    for path in files:
+        parquet = pq.ParquetFile(path)
+        assert sorted_by_layout(parquet.read())
+        meta = parquet.metadata
+        assert meta.num_row_groups > 1
+        for i in range(meta.num_row_groups):
+            group = meta.row_group(i)
+            assert group.num_rows <= 16
+            names = [group.column(j).path_in_schema for j in range(group.num_columns)]
+            for name in ("workload", "metric", "batch_size", "trial_id"):
+                column = group.column(names.index(name))
+                assert column.statistics.has_min_max
+                assert any("DICTIONARY" in e for e in column.encodings), (name, column.encodings)
+    # the whole store still answers as before
+    plain = Store.open(tmp_path / "plain", create=True)
+    import_batch_science(plain, root)
+    q = "SELECT * FROM measurements ORDER BY ALL"
+    assert store.connect().execute(q).fetchall() == plain.connect().execute(q).fetchall()

@@ -70,3 +70,23 @@ def test_garbage_of_dead_writers_is_collected_but_live_files_are_kept(store, rel
     pq.write_table(store.table("measurements"), live_path)
     compact(store, grace_seconds=0)
     assert not dead.exists() and live_path.exists()
+
+
+def test_compaction_writes_measurements_in_the_import_layout(store, release, monkeypatch):
+    # Trial writers' small files come in commit order; the merged file is re-sorted by
+    # (workload, metric, batch_size, trial_id, step) with the import's row groups.
+    from batchlab.store import maintenance
+    from test_batch_science_import import sorted_by_layout
+
+    fill(store, release[0])
+    before = answers(store)
+    monkeypatch.setattr(maintenance, "MEASUREMENT_ROW_GROUP_ROWS", 32)
+    compact(store, grace_seconds=600)
+    (merged,) = store.state().files["measurements"]
+    parquet = pq.ParquetFile(store.root / merged)
+    assert sorted_by_layout(parquet.read())
+    sizes = [parquet.metadata.row_group(i).num_rows for i in range(parquet.metadata.num_row_groups)]
+    assert sizes[:-1] == [32] * (len(sizes) - 1) and 0 < sizes[-1] <= 32
+    assert sum(sizes) == 24 * 10 + 5 * 5
+    assert parquet.schema_arrow.field("metric").type == maintenance.SCHEMAS["measurements"].field("metric").type
+    assert answers(store) == before

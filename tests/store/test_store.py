@@ -38,7 +38,7 @@ def test_trial_is_invisible_until_finished_then_whole(store):
                tags={"note": "x"})
     w.record(0, {"val/classification_error": 0.9, "train/cross_entropy_error": 2.3})
     w.record(50, {"val/classification_error": 0.4})
-    # durable as it goes: the journal holds every record
+    # written through to the OS as it goes (survives the death of the process): the journal holds every record
     lines = w.journal_path.read_text().splitlines()
     assert json.loads(lines[0])["header"]["trial_key"] == "k1"
     assert json.loads(lines[2]) == {"step": 50, "values": {"val/classification_error": 0.4}}
@@ -137,3 +137,38 @@ def test_numpy_numbers_are_accepted(store):
     assert (t["batch_size"], t["trial_id"], t["seed"], t["steps"]) == (64, 2, 3, 10)
     assert json.loads(t["parameters"]) == {"learning_rate": 0.5}
     assert store.table("measurements")["value"].to_pylist() == [0.25]
+
+
+def test_journal_is_fsynced_once_at_finish_not_per_record(store, monkeypatch):
+    import os
+    import shutil
+
+    synced = []
+    real_fsync = os.fsync
+    w = writer(store)
+    journal_fd = w._journal.fileno()
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    for step in range(20):
+        w.record(step, {"val/classification_error": 0.5})
+    assert journal_fd not in synced
+    # another process sees every record without any fsync (the page cache outlives a killed writer)
+    copy = store.root / "copy.jsonl"
+    shutil.copyfile(w.journal_path, copy)
+    assert len(copy.read_text().splitlines()) == 21
+    assert w.finish() is True
+    assert synced.count(journal_fd) == 1  # durable before the publish
+
+
+def test_log_replay_does_not_confuse_a_recreated_store(tmp_path):
+    import shutil
+
+    first = Store.open(tmp_path / "s", create=True)
+    publish_trials(first, [TrialRecord(W, 8, 1, "a", {"learning_rate": 0.1}, "COMPLETE", 3)])
+    publish_trials(first, [TrialRecord(W, 8, 2, "b", {"learning_rate": 0.1}, "COMPLETE", 3)])
+    assert first.finished_trial_keys() == {"a", "b"}
+    shutil.copytree(tmp_path / "s", tmp_path / "copy")
+    shutil.rmtree(tmp_path / "s")  # its inodes are free for the new store to reuse
+    again = Store.open(tmp_path / "s", create=True)
+    publish_trials(again, [TrialRecord(W, 8, 1, "c", {"learning_rate": 0.1}, "COMPLETE", 3)])
+    assert again.finished_trial_keys() == {"c"} and again.state().seq == 1
+    assert Store.open(tmp_path / "copy").finished_trial_keys() == {"a", "b"}

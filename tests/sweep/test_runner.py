@@ -11,7 +11,7 @@ import psutil
 
 from batchlab.sweep.executors import LocalPoolExecutor
 from batchlab.sweep.runner import Reporter, prepare_sweep, run_sweep
-from conftest import TINY, child_env, run_sweep_cli, store_contents, sweep_command, tiny_config
+from sweep_helpers import TINY, child_env, run_sweep_cli, store_contents, sweep_command, tiny_config
 
 
 def _trial_keys(path) -> list[str]:
@@ -100,4 +100,21 @@ def test_dask_local_cluster_matches_local_pool(tiny_baseline, tmp_path):
     config = tiny_config().model_copy(update={"executor": "dask", "workers": 1})
     summary = run_sweep(prepare_sweep(config, str(path)))
     assert summary.executor == "dask" and summary.trials_run == 6
+    assert store_contents(path) == base_contents
+
+
+def test_rerun_with_another_goal_only_re_summarizes(tiny_baseline):
+    # Trials are keyed without the analysis goal: a looser goal re-reads the same trials, runs none,
+    # and reaches the goal (here: any error below 0.95) at both batch sizes, so S(B) can be fitted.
+    path, _, base_contents = tiny_baseline
+    from batchlab.sweep.executors import InlineExecutor
+
+    config = tiny_config().model_copy(update={"goal": 0.95})
+    summary = run_sweep(prepare_sweep(config, str(path)), executor_factory=lambda fn, **kw: InlineExecutor(fn))
+    assert summary.trials_run == 0 and summary.trials_skipped == 6
+    rows = summary.results["mnist/fc_64_64_64/momentum"]
+    assert [r.steps for r in rows] == [1, 1] and summary.goals["mnist/fc_64_64_64/momentum"]["goal"] == 0.95
+    fit = summary.fits["mnist/fc_64_64_64/momentum"]
+    assert set(fit["critical_batch_sizes"]) == {"mccandlish_b_crit", "overhead_20pct", "perfect_scaling_end",
+                                                "maximal_parallelism_start"}
     assert store_contents(path) == base_contents

@@ -104,6 +104,28 @@ def test_slowly_exploding_loss_is_infeasible_too():
     assert DIVERGENCE_FACTOR == 10.0
 
 
+def test_eval_budget_thins_the_schedule_and_keeps_the_format(tmp_path):
+    store = Store.open(tmp_path / "s", create=True)
+    full = run_trial(spec(steps=60, evaluation_steps=None, batch_size=16))
+    budgeted = run_trial(spec(steps=60, evaluation_steps=None, batch_size=16, eval_budget=0.5), store=store)
+    default_steps = [m["step"] for m in full.measurements]
+    steps = [m["step"] for m in budgeted.measurements]
+    assert steps[-1] == 60 and set(steps) < set(default_steps)
+    assert [set(m) for m in budgeted.measurements] == [set(full.measurements[0])] * len(steps)
+    assert budgeted.steps == full.steps and budgeted.status == full.status
+    # the shared steps measure the same model; only the evaluation subsets differ
+    assert store.table("measurements").num_rows == 4 * len(steps)
+
+
+def test_train_eval_examples_only_changes_train_metrics():
+    full = run_trial(spec(steps=10, evaluation_steps=[10]))
+    small = run_trial(spec(steps=10, evaluation_steps=[10], train_eval_examples=100))
+    (a,), (b,) = full.measurements, small.measurements
+    assert a["val/cross_entropy_error"] == b["val/cross_entropy_error"]
+    assert a["train/cross_entropy_error"] != b["train/cross_entropy_error"]
+    assert (b["train/classification_error"] * 100) % 1 == pytest.approx(0, abs=1e-9)  # on 100 examples
+
+
 @pytest.mark.parametrize(
     "overrides, fragment",
     [
@@ -117,6 +139,9 @@ def test_slowly_exploding_loss_is_infeasible_too():
         (dict(hyperparameters={"learning_rate": 0.1, "label_smoothing": 0.95}), "label_smoothing"),
         (dict(evaluation_steps=[31]), "evaluation step 31 is out of range"),
         (dict(steps=0), "steps must be >= 1"),
+        (dict(eval_budget=0.0, evaluation_steps=None), "evaluation budget must be a number > 0"),
+        (dict(eval_budget=0.1), "either an evaluation budget or explicit evaluation steps"),
+        (dict(train_eval_examples=0), "train eval examples must be >= 1"),
     ],
 )
 def test_bad_input_raises_one_line_and_writes_nothing(tmp_path, overrides, fragment):

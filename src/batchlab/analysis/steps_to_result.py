@@ -16,8 +16,11 @@ For each batch size of a workload:
 
 Steps count optimizer updates: a measurement at step ``t`` was taken after ``t`` updates.
 
-Everything runs as one DuckDB query over the ``measurements`` view: one scan, hash-joined against a
-small table of selections, so all workloads (or several goals) are answered in a single pass.
+Everything runs as one DuckDB query over the ``measurements`` view, so all workloads (or several
+goals) are answered together: one narrowed scan per (workload, metric, direction) whose constant
+filters DuckDB pushes into the Parquet reader (row groups of other workloads and metrics are
+skipped), reduced to each trial's first qualifying step, and only then joined to the (small) table
+of selected trials.
 """
 
 from __future__ import annotations
@@ -230,16 +233,14 @@ chosen AS (
     WHERE max_trials IS NULL OR rank <= max_trials
 ),
 hits AS (
-    -- each trial's earliest qualifying evaluation step, and the metric there (one row per step)
+    -- each trial's earliest qualifying evaluation step, and the metric there (one row per step).
+    -- ``scans`` is one narrowed scan of measurements per (workload, metric, direction), so the
+    -- exact per-selection conditions below see only rows that can qualify; the reduction to one
+    -- row per trial happens before anything is joined to trials.
     SELECT sel.sel_id, m.batch_size, m.trial_id, min(m.step) AS first_step, arg_min(m.value, m.step) AS value
-    FROM (
-        -- constant filters first, so DuckDB prunes rows (and Parquet row groups) during the scan
-        SELECT * FROM measurements
-        WHERE workload IN ({workload_params}) AND ({value_bounds})
-    ) AS m
-    JOIN sel ON m.workload = sel.workload AND m.metric = sel.metric
-    WHERE isfinite(m.value)
-      AND CASE WHEN sel.maximize THEN m.value > sel.goal ELSE m.value < sel.goal END
+    FROM ({scans}) AS m
+    JOIN sel ON m.scan_id = sel.scan_id
+    WHERE CASE WHEN sel.maximize THEN m.value > sel.goal ELSE m.value < sel.goal END
       AND (sel.step_budget IS NULL OR m.step <= sel.step_budget)
       AND (sel.example_budget IS NULL OR m.batch_size * m.step <= sel.example_budget)
     GROUP BY sel.sel_id, m.batch_size, m.trial_id
@@ -281,10 +282,17 @@ ORDER BY b.sel_id, b.batch_size
 )
 
 
-def _selections_table(selections: Sequence[Selection]) -> pa.Table:
+def _scan_keys(selections: Sequence[Selection]) -> list[tuple[str, str, bool]]:
+    """The distinct (workload, metric, maximize) of ``selections``: one measurement scan each."""
+    return sorted({(s.workload, s.metric, bool(s.maximize)) for s in selections})
+
+
+def _selections_table(selections: Sequence[Selection], scan_ids: dict[tuple[str, str, bool], int]) -> pa.Table:
     return pa.table(
         {
             "sel_id": pa.array(range(len(selections)), pa.int64()),
+            "scan_id": pa.array([scan_ids[(s.workload, s.metric, bool(s.maximize))] for s in selections],
+                                pa.int64()),
             "workload": pa.array([s.workload for s in selections], pa.string()),
             "metric": pa.array([s.metric for s in selections], pa.string()),
             "goal": pa.array([float(s.goal) for s in selections], pa.float64()),
@@ -297,33 +305,45 @@ def _selections_table(selections: Sequence[Selection]) -> pa.Table:
     )
 
 
-def _query(con: duckdb.DuckDBPyConnection, selections: Sequence[Selection], sql: str, fetch: str = "all"):
-    """Run ``sql`` with the selections registered under a unique name, then unregister them.
+def _measurement_scans(selections: Sequence[Selection], scan_ids: dict[tuple[str, str, bool], int],
+                       params: dict) -> str:
+    """A ``UNION ALL`` of one scan of ``measurements`` per (workload, metric, direction).
 
-    The constant prefilter on measurements (the workloads, and per metric a value bound that every
-    qualifying row satisfies: below the largest minimised goal or above the smallest maximised one)
-    only narrows the scan; the exact per-selection conditions are applied after the join.
+    Each scan's WHERE is a conjunction of constant comparisons (``workload = w AND metric = m AND
+    value < g`` [``AND step <= S``]), which DuckDB pushes into the Parquet reader: with the store's
+    files sorted by (workload, metric, batch_size, trial_id, step), row-group min/max statistics
+    skip every row group of other workloads and metrics. The bound is the loosest goal (and step
+    budget) of the selections sharing the scan, so it only narrows; the exact per-selection
+    conditions are applied after. NaN and infinite values never qualify (DuckDB orders NaN above
+    every number, so ``NaN > goal`` would otherwise count as a hit under maximize).
     """
-    workloads = sorted({s.workload for s in selections})
-    params: dict = {f"w{i}": w for i, w in enumerate(workloads)}
-    bounds: dict[tuple[str, bool], float] = {}
-    for s in selections:
-        key = (s.metric, bool(s.maximize))
-        loosest = max if not s.maximize else min
-        bounds[key] = loosest(bounds.get(key, float(s.goal)), float(s.goal))
-    clauses = []
-    for i, ((metric, maximize), goal) in enumerate(sorted(bounds.items())):
-        params[f"m{i}"], params[f"g{i}"] = metric, goal
-        clauses.append(f"(metric = $m{i} AND value {'>' if maximize else '<'} $g{i})")
-    name = f"_batchlab_selections_{uuid.uuid4().hex}"
-    con.register(name, _selections_table(selections))
-    try:
-        text = sql.format(
-            selections=name,
-            workload_params=", ".join(f"$w{i}" for i in range(len(workloads))),
-            value_bounds=" OR ".join(clauses),
+    parts = []
+    for (workload, metric, maximize), scan_id in scan_ids.items():
+        group = [s for s in selections if (s.workload, s.metric, bool(s.maximize)) == (workload, metric, maximize)]
+        goal = (min if maximize else max)(float(s.goal) for s in group)
+        budgets = [s.step_budget for s in group]
+        k = str(scan_id)
+        params["w" + k], params["m" + k], params["g" + k] = workload, metric, goal
+        where = f"workload = $w{k} AND metric = $m{k} AND value {'>' if maximize else '<'} $g{k}"
+        if all(b is not None for b in budgets):
+            params["s" + k] = max(budgets)
+            where += f" AND step <= $s{k}"
+        parts.append(
+            f"SELECT {scan_id} AS scan_id, batch_size, trial_id, step, value FROM measurements "
+            f"WHERE {where} AND isfinite(value)"
         )
-        result = con.execute(text, params)
+    return "\nUNION ALL\n".join(parts)
+
+
+def _query(con: duckdb.DuckDBPyConnection, selections: Sequence[Selection], sql: str, fetch: str = "all"):
+    """Run ``sql`` with the selections registered under a unique name, then unregister them."""
+    scan_ids = {key: i for i, key in enumerate(_scan_keys(selections))}
+    params: dict = {}
+    scans = _measurement_scans(selections, scan_ids, params)
+    name = f"_batchlab_selections_{uuid.uuid4().hex}"
+    con.register(name, _selections_table(selections, scan_ids))
+    try:
+        result = con.execute(sql.format(selections=name, scans=scans), params)
         return result.df() if fetch == "df" else result.fetchall()
     finally:
         con.unregister(name)

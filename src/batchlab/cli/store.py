@@ -71,10 +71,10 @@ def import_batch_science(
     path: Path = typer.Argument(..., help="Root of the batch_science release tree."),
     store: Path = STORE_OPTION,
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip malformed studies and trials, list them."),
-    jobs: int = typer.Option(1, "--jobs", min=1, help="Worker processes reading studies."),
+    jobs: int = typer.Option(2, "--jobs", min=1, help="Worker processes reading studies (large trees)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Import the Shallue et al. batch_science release (creates the store if needed)."""
+    """Import a batch_science release tree into a store (created if needed)."""
     from batchlab.errors import BatchlabError
     from batchlab.store import Store
     from batchlab.store.batch_science_import import find_studies

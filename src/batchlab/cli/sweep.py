@@ -50,6 +50,8 @@ def register(app: typer.Typer) -> None:
                                                  help="Force or forbid vectorized trials (default: automatic)."),
         grow_budget: Optional[bool] = typer.Option(None, "--grow-budget/--no-grow-budget",
                                                    help="Raise the budget of studies whose trials all ran out of steps."),
+        goal: Optional[float] = typer.Option(None, "--goal", help="Goal of the steps-to-result table (default: the "
+                                             "workload's); trials still stop at the workload's goal."),
         json_lines: bool = typer.Option(False, "--json", help="JSON lines on stdout instead of progress and tables."),
     ) -> None:
         """Run every (workload, optimizer, batch size) study of a sweep; resume where a previous run stopped."""
@@ -62,7 +64,7 @@ def register(app: typer.Typer) -> None:
             "batch_sizes": _csv(batch_sizes, "batch-sizes", int),
             "trials": trials, "store": store, "steps": steps, "train_examples": train_examples,
             "workers": workers, "scheduler": scheduler, "seed": seed, "stop_at_goal": stop_at_goal,
-            "grow_budget": grow_budget,
+            "grow_budget": grow_budget, "goal": goal,
             "executor": "dask" if dask else None,
             "vectorize": None if vectorize is None else ("always" if vectorize else "never"),
         }

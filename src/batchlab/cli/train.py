@@ -149,6 +149,8 @@ def register(app: typer.Typer) -> None:
         stop_at_goal: Annotated[bool, typer.Option("--stop-at-goal", help="Stop at the first evaluation that beats the goal.")] = False,
         hparam: Annotated[Optional[list[str]], typer.Option("--hparam", help="Another hyperparameter, NAME=VALUE (repeatable).")] = None,
         eval_every: Annotated[Optional[int], typer.Option("--eval-every", help="Evaluate every N steps instead of the workload's schedule.")] = None,
+        eval_budget: Annotated[Optional[float], typer.Option("--eval-budget", help="Keep evaluation within this fraction F of training, counted in examples (e.g. 0.1): thins the schedule and evaluation subsets (batchlab.train.evaluation.budgeted_plan).")] = None,
+        train_eval_examples: Annotated[Optional[int], typer.Option("--train-eval-examples", help="Measure train/* metrics on a fixed subset of at most N training examples.")] = None,
         json_output: Annotated[bool, typer.Option("--json", help="One JSON object per evaluation, then a summary object.")] = False,
     ) -> None:
         """Run one trial: print each evaluation, then the status and steps to the goal."""
@@ -172,6 +174,7 @@ def register(app: typer.Typer) -> None:
             workload=workload, optimizer=optimizer, batch_size=batch_size, hyperparameters=hyperparameters,
             steps=budget, train_examples=train_examples, seed=seed, data_seed=seed, stop_at_goal=stop_at_goal,
             evaluation_steps=None if eval_every is None else every_n_steps(budget, eval_every),
+            eval_budget=eval_budget, train_eval_examples=train_eval_examples,
         )
         prepared = prepare_trial(spec)  # validates everything before the store is touched
         opened = None
@@ -220,13 +223,16 @@ def register(app: typer.Typer) -> None:
         train_examples: Annotated[Optional[int], typer.Option("--train-examples", help="Train on a random subset of N examples.")] = None,
         seed: Annotated[int, typer.Option("--seed", help="Seed of the quasi-random points and of the trials.")] = 0,
         stop_at_goal: Annotated[bool, typer.Option("--stop-at-goal", help="Stop each trial once it beats the goal.")] = False,
+        eval_budget: Annotated[Optional[float], typer.Option("--eval-budget", help="Keep evaluation within this fraction F of training, counted in examples (e.g. 0.1): thins the schedule and evaluation subsets (batchlab.train.evaluation.budgeted_plan).")] = None,
+        train_eval_examples: Annotated[Optional[int], typer.Option("--train-eval-examples", help="Measure train/* metrics on a fixed subset of at most N training examples.")] = None,
         json_output: Annotated[bool, typer.Option("--json", help="One JSON object per trial, then the best trial.")] = False,
     ) -> None:
         """Run one study (one workload at one batch size) and print its best trial."""
         from batchlab.store import Store
         from batchlab.train.study import check_study, run_study
 
-        budget = check_study(workload, optimizer, batch_size, trials, steps, train_examples, seed, stop_at_goal)
+        budget = check_study(workload, optimizer, batch_size, trials, steps, train_examples, seed, stop_at_goal,
+                             eval_budget, train_eval_examples)
         opened = Store.open(store, create=True)
 
         def trial_row(t) -> dict:
@@ -239,12 +245,14 @@ def register(app: typer.Typer) -> None:
         if json_output:
             result = run_study(workload, optimizer, batch_size, trials, opened, steps=budget,
                                train_examples=train_examples, seed=seed, stop_at_goal=stop_at_goal,
+                               eval_budget=eval_budget, train_eval_examples=train_eval_examples,
                                on_trial=lambda t: _emit(trial_row(t)))
         else:
             with _progress() as progress:
                 task = progress.add_task(f"study {workload} {optimizer} B={batch_size}", total=trials)
                 result = run_study(workload, optimizer, batch_size, trials, opened, steps=budget,
                                    train_examples=train_examples, seed=seed, stop_at_goal=stop_at_goal,
+                                   eval_budget=eval_budget, train_eval_examples=train_eval_examples,
                                    on_trial=lambda t: progress.advance(task))
         best, best_final = result.best, result.best_final
         first = result.trials[0]

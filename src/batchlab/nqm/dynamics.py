@@ -211,9 +211,7 @@ def moment_recurrence(
     g = direction * noise_scale
     shared = None
     if m >= 3 and not notebook_fudge and G * J >= 64:
-        codes = [np.unique(np.broadcast_to(x, z.shape).ravel(), return_inverse=True) for x in (z, mu, gamma)]
-        key = (codes[0][1].astype(np.int64) * codes[1][0].size + codes[1][1]) * codes[2][0].size + codes[2][1]
-        distinct, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        distinct, first, inverse = _distinct_combinations(z, mu[:, 0], gamma[:, 0])
         if distinct.size < 0.5 * G * J:
             pick = lambda x: np.broadcast_to(x, z.shape).ravel()[first][:, None]  # noqa: E731
             T_u, d_u, e_u, f_u = _moment_maps(algorithm.base, pick(z), pick(mu), pick(gamma) if ema else None)
@@ -243,6 +241,33 @@ def moment_recurrence(
         u0[r, 0, 0] = f[i] * f[j] * problem.initial_second_moment
         rho[r] = (1.0 if i == j else 2.0) * e[i] * e[j] * w
     return MomentRecurrence(T, g, u0, rho, shared)
+
+
+def _distinct_combinations(z: np.ndarray, mu: np.ndarray, gamma: np.ndarray):
+    """Distinct ``(z, mu, gamma)`` over a ``(G, J)`` grid of ``z`` and per-grid-point ``mu``, ``gamma`` (``(G,)``).
+
+    Returns ``(keys, representative, inverse)`` like ``np.unique(key, return_index=True,
+    return_inverse=True)`` on a combined integer key, except that ``representative`` is *some* flat
+    ``(G, J)`` index of each combination (all of them carry identical values). One sort of ``z`` only:
+    the combined key is ranked with a presence table when its range is small (the usual case).
+    """
+    G, J = z.shape
+    z_values, z_code = np.unique(z.ravel(), return_inverse=True)
+    mu_values, mu_code = np.unique(mu, return_inverse=True)
+    gamma_values, gamma_code = np.unique(gamma, return_inverse=True)
+    per_point = mu_values.size * gamma_values.size
+    point_code = (mu_code * gamma_values.size + gamma_code)[:, None]
+    key = (z_code.astype(np.int64).reshape(G, J) * per_point + point_code).ravel()
+    space = z_values.size * per_point
+    if space > 8 * key.size:
+        return np.unique(key, return_index=True, return_inverse=True)
+    present = np.zeros(space, dtype=bool)
+    present[key] = True
+    keys = np.flatnonzero(present)
+    inverse = (np.cumsum(present) - 1)[key]
+    representative = np.empty(keys.size, dtype=np.int64)
+    representative[inverse] = np.arange(key.size)
+    return keys, representative, inverse
 
 
 def _round_significant(x: np.ndarray, digits: int = 14) -> np.ndarray:
@@ -424,7 +449,7 @@ def losses_at_steps(rec: MomentRecurrence, batch_size, steps) -> np.ndarray:
     return out
 
 
-def dense_losses(rec: MomentRecurrence, batch_size, last_step: int, block: int = 2048) -> np.ndarray:
+def dense_losses(rec: MomentRecurrence, batch_size, last_step: int, block: int | None = None) -> np.ndarray:
     """Expected loss after every step ``0..last_step`` for each grid point, shape ``(G, last_step + 1)``.
 
     Exact and vectorised in blocks (see :func:`iter_dense_losses`).
@@ -432,7 +457,9 @@ def dense_losses(rec: MomentRecurrence, batch_size, last_step: int, block: int =
     return np.concatenate([losses for _, losses in iter_dense_losses(rec, batch_size, last_step, block)], axis=1)
 
 
-def iter_dense_losses(rec: MomentRecurrence, batch_size, last_step: int, block: int = 2048, group: int = 256):
+def iter_dense_losses(
+    rec: MomentRecurrence, batch_size, last_step: int, block: int | None = None, group: int = 256
+):
     """Yield ``(first_step, losses)`` chunks covering every step ``0..last_step``; ``losses`` is ``(G, n)``.
 
     The readout rows ``rho T^i`` and noise sums for ``i < block`` are built once by doubling, block starts
@@ -441,29 +468,35 @@ def iter_dense_losses(rec: MomentRecurrence, batch_size, last_step: int, block: 
     """
     last_step = int(last_step)
     n = last_step + 1
-    block = max(1, min(block, 1 << max(n - 1, 1).bit_length()))
     m, G, J = rec.size, rec.grid_size, rec.readout.shape[1]
+    if block is None:
+        # Building the rows costs ~block, advancing the block starts ~n / block Python-level steps: balance
+        # them with a power of two near sqrt(16 n), between 64 and 8192, and keep the rows (G J m block
+        # numbers) under 32 MB for large problems.
+        block = 1 << int(np.clip(round(0.5 * np.log2(16.0 * n)), 6, 13))
+        block = max(1, min(block, 1 << int(np.log2(max(4_000_000 // (G * J * m), 1)))))
+    block = max(1, min(block, 1 << max(n - 1, 1).bit_length()))
     inv_b = 1.0 / float(batch_size)
     T, g = rec.step_map()
-    # rows[i] = rho T^i as (m, G, i, J) ; q[i] = rho . G_i g (noise accumulated over i steps), (G, i)
-    rows = np.broadcast_to(rec.readout[:, None, None, :], (m, G, 1, J)).copy()
+    # rows[g, j, i, :] = (rho T^i)[:, j] as (G, J, i, m) ; q[g, i] = rho . G_i g (noise accumulated over
+    # i steps). Doubling: rho T^(i + len) = (rho T^i) T^len, one batched (i x m) @ (m x m) product per bin.
+    rows = np.broadcast_to(rec.readout.T[None, :, None, :], (G, J, 1, m)).copy()
     q = np.zeros((G, 1))
     power = (T, g)  # T^len(rows), G_len g
     with np.errstate(over="ignore", invalid="ignore"):
         while rows.shape[2] < block:
             P, gp = power
-            new_rows = np.empty_like(rows)
-            for k in range(m):  # (rho T^i) T^len: row vector times matrix, per component
-                acc = rows[0] * P[0, k]
-                for i in range(1, m):
-                    acc = acc + rows[i] * P[i, k]
-                new_rows[k] = acc
+            P_bins = P[:, :, :, 0, :].transpose(2, 3, 0, 1)  # (G, J, m, m)
+            g_bins = gp[:, :, 0, :].transpose(1, 2, 0)[..., None]  # (G, J, m, 1)
             # rho T^i (G_len g) + rho G_i g = rho G_(i+len) g
-            shift = sum((rows[i] * gp[i]).sum(-1) for i in range(m))
+            shift = np.matmul(rows, g_bins)[..., 0].sum(1)  # (G, i)
             q = np.concatenate([q, q + shift], axis=1)
-            rows = np.concatenate([rows, new_rows], axis=2)
-            power = compose(power, power)
-    rows, q = rows[:, :, :block], q[:, :block]
+            rows = np.concatenate([rows, np.matmul(rows, P_bins)], axis=2)
+            if rows.shape[2] < block:
+                power = compose(power, power)
+    # (G, J m, block): the readout rows as one matrix per grid point, so each group is a single GEMM.
+    rows = np.ascontiguousarray(rows[:, :, :block].transpose(0, 1, 3, 2)).reshape(G, J * m, block)
+    q = q[:, :block]
     step_block = map_power(rec, block)
     n_blocks = -(-n // block)
     u = rec.initial_state(1)
@@ -473,8 +506,9 @@ def iter_dense_losses(rec: MomentRecurrence, batch_size, last_step: int, block: 
         for index in range(count):
             starts[:, :, index] = u[:, :, 0]
             u = apply(*step_block, u, inv_b)
-        # loss[g, blk, i] = sum_{k,j} rows[k, g, i, j] starts[k, g, blk, j] + q[g, i] / B
+        # loss[g, blk, i] = sum_{k,j} rho T^i[k, j] starts[k, g, blk, j] + q[g, i] / B
+        starts = starts.transpose(1, 2, 3, 0).reshape(G, count, J * m)
         with np.errstate(over="ignore", invalid="ignore"):
-            out = np.einsum("kgij,kgbj->gbi", rows, starts, optimize=True) + (q * inv_b)[:, None, :]
+            out = np.matmul(starts, rows) + (q * inv_b)[:, None, :]
         first_step = first_block * block
         yield first_step, out.reshape(G, count * block)[:, : n - first_step]

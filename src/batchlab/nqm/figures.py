@@ -78,7 +78,6 @@ def _jobs() -> dict:
     for p in PRECONDITIONS:
         if p != 0.0:
             jobs[f"sgd_lr_p{p}"] = (_tuned, ("sgd", p, ALL_BATCH_SIZES, TARGET))
-        jobs[f"sgd_p{p}"] = (_tuned, ("sgd", p, COMPARE_BATCH_SIZES, TARGET))
         jobs[f"momentum_p{p}"] = (_tuned, ("momentum", p, COMPARE_BATCH_SIZES, TARGET))
     jobs["ema_p0.0"] = (_tuned, ("ema", 0.0, COMPARE_BATCH_SIZES, TARGET))
     jobs["pwc50"] = (_pwc, (PWC50_BATCH_SIZES, 50))
@@ -86,24 +85,57 @@ def _jobs() -> dict:
     return jobs
 
 
+def _subset(entry: dict, batch_sizes) -> dict:
+    """``entry`` restricted to ``batch_sizes``. Exact: tuning treats every batch size independently (each
+    has its own pruned search and certification), so a sub-sweep equals the same rows of a larger sweep."""
+    keep = {int(b) for b in batch_sizes}
+    return {**entry, "points": [pt for pt in entry["points"] if pt["batch_size"] in keep]}
+
+
 def _run(item):
     name, (function, args) = item
     return name, function(*args)
 
 
+def _ordered_jobs() -> list:
+    # Expensive jobs first so that the workers finish together.
+    return sorted(_jobs().items(), key=lambda kv: -_COST.get(kv[0].split("_p")[0].split("_target")[0], 1))
+
+
+def fork_context():
+    """The ``fork`` multiprocessing context where available (workers inherit the imported modules, so
+    they start in milliseconds), else the platform default."""
+    import multiprocessing
+
+    return multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+
+
+def submit_figure_jobs(pool) -> list:
+    """Submit every figure job to ``pool``; pass the returned futures to :func:`collect_figure_data`."""
+    return [pool.submit(_run, item) for item in _ordered_jobs()]
+
+
+def collect_figure_data(futures) -> dict:
+    """Wait for the jobs of :func:`submit_figure_jobs` and assemble the figure data."""
+    return _assemble(dict(future.result() for future in futures))
+
+
 def figure_data(workers: int | None = None, pool: ProcessPoolExecutor | None = None) -> dict:
     """Compute every figure's data in ``workers`` processes (default: up to 2) or in ``pool``."""
-    jobs = _jobs()
     workers = min(2, os.cpu_count() or 1) if workers is None else int(workers)
-    # Expensive jobs first so that the two workers finish together.
-    order = sorted(jobs.items(), key=lambda kv: -_COST.get(kv[0].split("_p")[0].split("_target")[0], 1))
     if pool is not None:
-        results = dict(pool.map(_run, order))
-    elif workers <= 1:
-        results = dict(_run(item) for item in order)
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as own_pool:
-            results = dict(own_pool.map(_run, order))
+        return collect_figure_data(submit_figure_jobs(pool))
+    if workers <= 1:
+        return _assemble(dict(_run(item) for item in _ordered_jobs()))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=fork_context()) as own_pool:
+        return collect_figure_data(submit_figure_jobs(own_pool))
+
+
+def _assemble(results: dict) -> dict:
+    # The SGD curves of the optimizer comparisons are sub-sweeps of the full-range SGD sweeps.
+    for p in PRECONDITIONS:
+        source = results[f"sgd_target_{TARGET}"] if p == 0.0 else results[f"sgd_lr_p{p}"]
+        results[f"sgd_p{p}"] = _subset(source, COMPARE_BATCH_SIZES)
     problem = zhang2019_binned()
     results["lower_bound"] = {
         "dimension": problem.dimension,

@@ -168,31 +168,35 @@ def _pwc_loss_and_gradient(log_lr, k, h_step, h_noise, c_over_b, s0, weights):
     """Loss after K pieces of k SGD steps and its gradient w.r.t. ``log lr`` (adjoint, exact).
 
     Per direction: ``z = lr h^(1-p)``, ``beta = (1 - z)^2``, ``s* = lr h^(-1-p) c / (B (2 - z))`` (the exact
-    SGD steady state), ``s <- beta^k (s - s*) + s*`` per piece.
+    SGD steady state), ``s <- beta^k (s - s*) + s*`` per piece. The forward pass is a loop over the K pieces
+    (the state entering each piece is needed); everything else is one ``(K, J)`` array operation, with the
+    adjoint ``weights * prod_{l > i} beta_l^k`` as a reversed cumulative product.
     """
     lr = np.exp(log_lr)
     K = lr.size
     z = lr[:, None] * h_step[None, :]
-    beta = (1.0 - z) ** 2
-    steady = lr[:, None] * h_noise[None, :] * c_over_b / (2.0 - z)
-    with np.errstate(under="ignore"):
-        decay = beta**k
-    s = s0.copy()
-    inputs = np.empty((K, s0.size))
-    for i in range(K):
-        inputs[i] = s
-        s = decay[i] * (s - steady[i]) + steady[i]
-    loss = float(weights @ s)
-    adjoint = weights.copy()
-    grad = np.empty(K)
-    for i in range(K - 1, -1, -1):
-        dbeta = -2.0 * (1.0 - z[i]) * h_step
-        with np.errstate(under="ignore", invalid="ignore"):
-            ddecay = np.where(k > 0, k * beta[i] ** max(k - 1, 0) * dbeta, 0.0)
-        dsteady = 2.0 * h_noise * c_over_b / (2.0 - z[i]) ** 2
-        ds_dlr = ddecay * (inputs[i] - steady[i]) + (1.0 - decay[i]) * dsteady
-        grad[i] = float(adjoint @ ds_dlr) * lr[i]
-        adjoint = adjoint * decay[i]
+    one_minus_z = 1.0 - z
+    beta = one_minus_z * one_minus_z
+    two_minus_z = 2.0 - z
+    steady = lr[:, None] * h_noise[None, :] * c_over_b / two_minus_z
+    with np.errstate(under="ignore", invalid="ignore"):
+        decay_before_last = beta ** max(k - 1, 0)  # beta^(k-1), reused by the gradient
+        decay = decay_before_last * beta if k > 0 else np.ones_like(beta)
+        inputs = np.empty((K, s0.size))
+        s = s0
+        for i, (d, st) in enumerate(zip(decay, steady)):
+            inputs[i] = s
+            s = d * (s - st) + st
+        loss = float(weights @ s)
+        # adjoint[i] = weights * prod_{l > i} decay[l]
+        adjoint = np.ones((K, s0.size))
+        if K > 1:
+            adjoint[:-1] = np.cumprod(decay[:0:-1], axis=0)[::-1]
+        adjoint *= weights
+        ddecay = (k * decay_before_last) * (-2.0 * one_minus_z * h_step) if k > 0 else np.zeros_like(z)
+        dsteady = 2.0 * h_noise * c_over_b / (two_minus_z * two_minus_z)
+        ds_dlr = ddecay * (inputs - steady) + (1.0 - decay) * dsteady
+    grad = np.einsum("ij,ij->i", adjoint, ds_dlr) * lr
     return loss, grad
 
 

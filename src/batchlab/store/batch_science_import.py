@@ -39,6 +39,7 @@ import pyarrow.csv as pacsv
 
 from batchlab.errors import BatchlabError
 from batchlab.store.schema import SCHEMAS, STATUSES
+from batchlab.store.maintenance import write_measurements_file
 from batchlab.store.store import Store
 
 SOURCE = "batch_science"
@@ -305,8 +306,13 @@ def _parse_one(trial: _Trial) -> pa.Table:
 def _long_rows(workload: str, batch_size: int, names: tuple[str, ...], table: pa.Table,
                trial_ids: np.ndarray) -> list[pa.Table]:
     """Wide measurement rows (one per trial and step) -> long rows (one per non-empty value),
-    as one table per metric (so the import can write files ordered by metric)."""
+    as one table per metric, each sorted by (trial_id, step), so the import can write files in
+    :data:`batchlab.store.maintenance.MEASUREMENT_ORDER`."""
     steps = table.column("step").combine_chunks().to_numpy(zero_copy_only=False)
+    # (trial_id, step) order within the study: the tail of maintenance.MEASUREMENT_ORDER
+    order = np.lexsort((steps, trial_ids))
+    if not np.all(order[1:] > order[:-1]):
+        table, trial_ids, steps = table.take(order), trial_ids[order], steps[order]
     workload_dict = pa.array([workload])
     out = []
     for metric in names[1:]:
@@ -455,10 +461,10 @@ def _import_batch(root: str, claim_id: str, studies: list[StudyDir], published: 
     def flush() -> None:
         nonlocal pending, pending_rows
         if pending_rows:
-            # metric-major order: row groups then hold one metric each, so a query's filter on
-            # the metric skips the others' row groups (Parquet min/max statistics)
-            ordered = sorted(pending, key=lambda t: t.column("metric").chunk(0).dictionary[0].as_py())
-            out.files.append(store.write_data_file("measurements", pa.concat_tables(ordered)))
+            # files sorted by maintenance.MEASUREMENT_ORDER: a row group spans few (workload, metric)
+            # pairs, so a query's filter on them skips the others' row groups (min/max statistics)
+            ordered = sorted(pending, key=_segment_key)
+            out.files.append(write_measurements_file(store, pa.concat_tables(ordered)))
         pending, pending_rows = [], 0
 
     try:
@@ -486,6 +492,13 @@ def _import_batch(root: str, claim_id: str, studies: list[StudyDir], published: 
             (store.root / rel).unlink(missing_ok=True)
         raise
     return out
+
+
+def _segment_key(table: pa.Table) -> tuple[str, str, int]:
+    """(workload, metric, batch_size) of a one-study, one-metric table from :func:`_long_rows`."""
+    return (table.column("workload").chunk(0).dictionary[0].as_py(),
+            table.column("metric").chunk(0).dictionary[0].as_py(),
+            table.column("batch_size").chunk(0)[0].as_py())
 
 
 def _batches(studies: list[StudyDir], trials_per_batch: int) -> list[list[StudyDir]]:

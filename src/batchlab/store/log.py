@@ -9,11 +9,20 @@ sequence numbers never collide and each entry is written atomically: the data fi
 become visible all at once, when its entry appears, and never before. Data files not named by the
 state (a crashed writer's, or ones a compaction replaced) are invisible; ``compact`` removes them
 once they are older than its grace period.
+
+Log entries never change once written, so each process keeps the entries it has parsed, keyed by
+the entry file's identity (device, inode, size and modification time in nanoseconds, so a store
+deleted and re-created at the same path is never confused with the old one): replaying the log
+then costs one directory listing and one ``stat`` per entry since the last checkpoint, plus reading
+the entries that are new, instead of re-reading and parsing every entry since the last checkpoint
+at every commit and every reader connection.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -69,6 +78,27 @@ def _apply(state: StoreState, entry: dict) -> None:
     state.seq = entry["seq"]
 
 
+# Parsed log entries of this process: {(st_dev, st_ino, st_size, st_mtime_ns of the file): entry}.
+# Bounded: cleared when it grows past _ENTRY_CACHE_LIMIT (entries are then simply read again).
+_ENTRY_CACHE: dict[tuple[int, int, int, int], dict] = {}
+_ENTRY_CACHE_LIMIT = 100_000
+_ENTRY_CACHE_LOCK = threading.Lock()
+
+
+def _read_entry(path: Path) -> dict:
+    """The parsed log entry at ``path`` (from this process's cache when this very file was read)."""
+    info = os.stat(path)
+    key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    entry = _ENTRY_CACHE.get(key)
+    if entry is None:
+        entry = json.loads(path.read_bytes())
+        with _ENTRY_CACHE_LOCK:
+            if len(_ENTRY_CACHE) >= _ENTRY_CACHE_LIMIT:
+                _ENTRY_CACHE.clear()
+            _ENTRY_CACHE[key] = entry
+    return entry
+
+
 def read_state(root: Path) -> StoreState:
     """Replay the log of the store at ``root`` and return the current state (lock-free)."""
     log_dir = root / LOG_DIR
@@ -78,7 +108,7 @@ def read_state(root: Path) -> StoreState:
         try:
             # Walk back to the latest checkpoint, then replay forward.
             for seq in reversed(seqs):
-                entry = json.loads((log_dir / f"{seq:012d}.json").read_bytes())
+                entry = _read_entry(log_dir / f"{seq:012d}.json")
                 entries.append(entry)
                 if "checkpoint" in entry:
                     break

@@ -7,6 +7,11 @@ are copied unchanged, so every query answers the same. Replaced files are delete
 were retired more than ``grace_seconds`` ago, so a reader that opened its views just before keeps
 working. Uncommitted files are deleted only when the process that wrote them is gone (its claim is
 no longer locked), so a running import or trial writer never loses a file.
+
+Measurements files written by the release import and by compaction share one layout
+(:func:`write_measurements_file`): rows sorted by :data:`MEASUREMENT_ORDER` and row groups of
+:data:`MEASUREMENT_ROW_GROUP_ROWS` rows, so each row group spans few (workload, metric) pairs and a
+query filtering on them skips the rest through the row groups' min/max statistics.
 """
 
 from __future__ import annotations
@@ -19,16 +24,43 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchlab.store.files import TMP_PREFIX, exclusive_lock, fsync_directory
+from batchlab.store.files import (
+    TMP_PREFIX,
+    exclusive_lock,
+    fsync_directory,
+    temporary_path,
+    write_parquet_atomic,
+)
 from batchlab.store.log import LOCK_FILE, LOG_DIR, CommitPlan, StoreState, commit, read_state
 from batchlab.store.schema import SCHEMAS, STATUSES, TABLES
 from batchlab.store.store import DATA_DIR, PENDING_DIR, Store
 
 MERGE_TARGET_ROWS = 16_000_000  # rows per merged measurements file
 SMALL_FILE_ROWS = 4_000_000  # measurements files below this are merged
+# The layout of measurements files: sort key and row-group size (rows). 64k-row groups keep the
+# per-group statistics narrow (a (workload, metric) pair of a large study spans several groups)
+# at a negligible metadata cost. Dictionary encoding of the sorted key columns turns their long
+# runs into RLE runs that are nearly free to decode; step and value stay plain (few repeats).
+MEASUREMENT_ORDER = ("workload", "metric", "batch_size", "trial_id", "step")
+MEASUREMENT_ROW_GROUP_ROWS = 1 << 16
+_MEASUREMENT_WRITE_OPTIONS = {
+    "compression": "snappy",
+    "use_dictionary": ["workload", "metric", "batch_size", "trial_id"],
+}
+
+
+def write_measurements_file(store: Store, table: pa.Table) -> str:
+    """Write measurement rows already sorted by :data:`MEASUREMENT_ORDER` as a new, uncommitted
+    data file (atomically); returns its path relative to the store. The caller sorts (the import
+    builds its rows in order; :func:`_merge` sorts with DuckDB)."""
+    rel, path = store.new_data_path("measurements")
+    write_parquet_atomic(table.cast(SCHEMAS["measurements"]), path,
+                         row_group_size=MEASUREMENT_ROW_GROUP_ROWS, **_MEASUREMENT_WRITE_OPTIONS)
+    return rel
 
 
 def store_info(store: Store) -> dict:
@@ -76,18 +108,22 @@ def _merge_groups(store: Store, name: str, files: list[str]) -> list[list[str]]:
 
 
 def _merge(store: Store, name: str, group: list[str]) -> str:
-    """Write the rows of ``group`` (in order) to one new uncommitted file; stream row groups."""
-    from batchlab.store.files import temporary_path
+    """Write the rows of ``group`` to one new uncommitted file, streaming.
 
+    Measurements are re-sorted by :data:`MEASUREMENT_ORDER` (DuckDB's external sort, so memory
+    stays bounded) and written with the import's layout; the other tables keep their row order."""
     rel, path = store.new_data_path(name)
     tmp = temporary_path(path)
     schema = SCHEMAS[name]
     try:
-        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
-            for src in group:
-                reader = pq.ParquetFile(store.root / src)
-                for i in range(reader.num_row_groups):
-                    writer.write_table(reader.read_row_group(i).cast(schema), row_group_size=1 << 20)
+        if name == "measurements":
+            _write_sorted_measurements(store, group, tmp)
+        else:
+            with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+                for src in group:
+                    reader = pq.ParquetFile(store.root / src)
+                    for i in range(reader.num_row_groups):
+                        writer.write_table(reader.read_row_group(i).cast(schema), row_group_size=1 << 20)
         fd = os.open(tmp, os.O_RDONLY)
         os.fsync(fd)
         os.close(fd)
@@ -96,6 +132,37 @@ def _merge(store: Store, name: str, group: list[str]) -> str:
         tmp.unlink(missing_ok=True)
         raise
     return rel
+
+
+def _write_sorted_measurements(store: Store, group: list[str], out: Path) -> None:
+    """The rows of the measurements files ``group``, sorted by :data:`MEASUREMENT_ORDER`, into
+    ``out`` with row groups of exactly :data:`MEASUREMENT_ROW_GROUP_ROWS` rows (the last shorter)."""
+    schema = SCHEMAS["measurements"]
+    paths = [str(store.root / rel) for rel in group]
+    con = duckdb.connect()
+    try:
+        con.execute("SET preserve_insertion_order = true")
+        reader = con.execute(
+            f"SELECT {', '.join(schema.names)} FROM read_parquet($files) ORDER BY {', '.join(MEASUREMENT_ORDER)}",
+            {"files": paths},
+        ).to_arrow_reader(MEASUREMENT_ROW_GROUP_ROWS)
+        with pq.ParquetWriter(out, schema, **_MEASUREMENT_WRITE_OPTIONS) as writer:
+            batches, rows = [], 0
+            for batch in reader:
+                batches.append(batch)
+                rows += batch.num_rows
+                if rows >= MEASUREMENT_ROW_GROUP_ROWS:  # write whole groups, carry the rest
+                    table = pa.Table.from_batches(batches)
+                    whole = rows - rows % MEASUREMENT_ROW_GROUP_ROWS
+                    writer.write_table(table.slice(0, whole).cast(schema),
+                                       row_group_size=MEASUREMENT_ROW_GROUP_ROWS)
+                    rest = table.slice(whole)
+                    batches, rows = rest.to_batches(), rest.num_rows
+            if batches:
+                writer.write_table(pa.Table.from_batches(batches).cast(schema),
+                                   row_group_size=MEASUREMENT_ROW_GROUP_ROWS)
+    finally:
+        con.close()
 
 
 @dataclass

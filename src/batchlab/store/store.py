@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from batchlab.errors import BatchlabError, unknown_name_error
 from batchlab.store.files import write_bytes_atomic, write_parquet_atomic
 from batchlab.store.log import LOG_DIR, CommitPlan, StoreState, commit, read_state
-from batchlab.store.schema import SCHEMAS, STATUSES, TABLES, view_sql
+from batchlab.store.schema import SCHEMAS, STATUSES, TABLES, empty_table, view_sql
 
 MARKER = "batchlab-store.json"
 FORMAT_VERSION = 1
@@ -125,6 +125,9 @@ class Store:
         import duckdb
 
         con = duckdb.connect()
+        # Data files are immutable and uniquely named, so their Parquet footers can be cached: a
+        # query that scans the measurements once per (workload, metric) parses each footer once.
+        con.execute("SET parquet_metadata_cache = true")
         if threads is not None:
             con.execute(f"SET threads TO {int(threads)}")
         state = self.state()
@@ -157,7 +160,7 @@ class Store:
 
     def _committed(self, name: str, state: StoreState, columns: list[str]) -> pa.Table:
         table = self._read_files(state.files[name], columns)
-        return table if table is not None else pa.Table.from_batches([], SCHEMAS[name]).select(columns)
+        return table if table is not None else empty_table(name).select(columns)
 
     def finished_trial_keys(self) -> set[str]:
         """Keys of every published (finished) trial."""

@@ -1,1 +1,16 @@
-"""batchlab.sweep."""
+"""batchlab.sweep: whole batch-size studies in parallel, resumable, with progress and vectorized trials.
+
+>>> from batchlab.sweep import load_sweep_config, prepare_sweep, run_sweep
+>>> plan = prepare_sweep(load_sweep_config("sweep.toml"))   # validates everything, writes nothing
+>>> summary = run_sweep(plan)                                # runs what is not yet in the store
+
+Modules: ``config`` (pydantic model, TOML), ``keys`` (stable trial keys, ids, seeds), ``plan`` (studies,
+trials, tasks), ``executors`` (local process pool, Dask, inline), ``worker`` (what a worker runs),
+``vectorized`` (K trials as one torch.func computation), ``budget`` (the growth rule), ``runner``
+(the driver), ``progress`` (rich display and JSON lines). The command line is ``batchlab sweep``.
+"""
+
+from batchlab.sweep.config import SweepConfig, load_sweep_config, parse_sweep_config
+from batchlab.sweep.runner import SweepSummary, prepare_sweep, run_sweep
+
+__all__ = ["SweepConfig", "SweepSummary", "load_sweep_config", "parse_sweep_config", "prepare_sweep", "run_sweep"]

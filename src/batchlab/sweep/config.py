@@ -22,6 +22,8 @@ TOML layout (all keys top level; ``search_spaces`` and ``budgets`` are tables)::
     workers = 2                # absent: the number of cores
     vectorize = "auto"         # "auto" | "always" | "never"
     # evaluations = 20         # regular evaluations per trial (absent: the workload's schedule)
+    # goal = 0.1               # goal of the steps-to-result table and the growth rule (absent: the
+    #                          # workload's); trials still stop at the workload's goal with stop_at_goal
 
     [budgets]                  # per-batch-size step budgets (override ``steps``)
     16 = 4000
@@ -71,6 +73,7 @@ class SweepConfig(BaseModel):
     workers: int | None = Field(default=None, ge=1, le=4096)
     scheduler: str | None = None
     evaluations: int | None = Field(default=None, ge=1, le=10_000)
+    goal: float | None = None
     vectorize: Literal["auto", "always", "never"] = "auto"
     vectorize_trials: int = Field(default=16, ge=1, le=1024)
     search_spaces: dict[str, dict[str, dict[str, Any]]] = Field(default_factory=dict)

@@ -68,7 +68,7 @@ class JsonReporter(Reporter):
     def finish(self, summary: SweepSummary) -> None:
         for workload, rows in summary.results.items():
             for row in rows:
-                _line(self.stream, {"event": "steps_to_result", **row.to_dict()})
+                _line(self.stream, {"event": "steps_to_result", **summary.goals.get(workload, {}), **row.to_dict()})
         for workload, fit in summary.fits.items():
             if fit is None:
                 _line(self.stream, {"event": "critical_batch_size", "workload": workload, "fit": None,
@@ -158,8 +158,10 @@ class RichReporter(Reporter):
             self._progress.stop()
         workloads = list(summary.results)
         batch_sizes = sorted({r.batch_size for rows in summary.results.values() for r in rows})
-        table = Table(title="steps to result", caption="updates until the goal was beaten (best trial id, trials "
-                      "that reached the goal / COMPLETE trials)")
+        goals = "; ".join(sorted({f"{g['metric']} {'>' if g['maximize'] else '<'} {g['goal']:g}"
+                                  for g in summary.goals.values()}))
+        table = Table(title=f"steps to result ({goals})", caption="updates until the goal was beaten (best trial "
+                      "id, trials that reached the goal / COMPLETE trials)")
         table.add_column("batch size", justify="right")
         for w in workloads:
             table.add_column(w, justify="right")

@@ -30,12 +30,11 @@ from typing import Any
 from batchlab.errors import BatchlabError
 from batchlab.sweep.budget import ran_out_of_steps
 from batchlab.sweep.config import SweepConfig
-from batchlab.sweep.plan import StudyPlan, TrialPlan, TrialTask, make_tasks, plan_studies
+from batchlab.sweep.plan import StudyPlan, TrialTask, make_tasks, plan_studies
 from batchlab.sweep.worker import TrialOutcome, measurement_triples, run_task
 
 #: ``batch_size * num_parameters`` up to which ``vectorize = "auto"`` batches trials (see module docstring).
 VECTORIZE_MAX_WORK = 64 * 140_000
-VECTORIZED_OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")
 
 
 @dataclass
@@ -90,6 +89,7 @@ class SweepSummary:
     fit_errors: dict[str, str]
     executor: str
     workers: int
+    goals: dict[str, dict] = field(default_factory=dict)  # store workload -> {metric, goal, maximize}
 
 
 def prepare_sweep(config: SweepConfig, store_path: str | None = None) -> SweepPlan:
@@ -161,6 +161,8 @@ def _check_store_ids(path: str, studies: list[StudyPlan]) -> None:
 
 def should_vectorize(config: SweepConfig, study: StudyPlan, num_parameters: int) -> bool:
     """Whether ``study`` runs its trials vectorized (the rule in the module docstring)."""
+    from batchlab.sweep.vectorized import VECTORIZED_OPTIMIZERS
+
     if config.vectorize == "never" or study.trials < 2 or study.optimizer not in VECTORIZED_OPTIMIZERS:
         return False
     points = study.points
@@ -176,7 +178,7 @@ def should_vectorize(config: SweepConfig, study: StudyPlan, num_parameters: int)
 def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
               executor_factory: Callable[..., Any] | None = None) -> SweepSummary:
     """Run the planned sweep to the end (see the module docstring) and return its summary."""
-    from batchlab.store import Store, TrialRecord, publish_trials
+    from batchlab.store import Store
     from batchlab.sweep.executors import make_executor
 
     reporter = reporter or Reporter()
@@ -226,7 +228,7 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
         if not config.grow_budget or study.budget_round >= config.max_budget_growths:
             return
         state = round_state[(*study_id(study), study.budget_round)]
-        if ran_out_of_steps(_outcomes_by_key(store, study, state["keys"]).values()):
+        if ran_out_of_steps(_outcomes_by_key(store, study, state["keys"], analysis_goal(config, study)).values()):
             bigger = study.grown(config.grow_factor)
             entry = progress[study_id(study)]
             entry.total += bigger.trials
@@ -264,7 +266,7 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
                 if isinstance(error, BatchlabError):
                     raise BatchlabError(f"trial {task.trials[0].key}: {error}") from None
                 raise error
-            _publish(store, task, outcome.result, TrialRecord, publish_trials)
+            _publish(store, task, outcome.result)
             study = task.study
             entry = progress[study_id(study)]
             state = round_state[(*study_id(study), study.budget_round)]
@@ -288,7 +290,10 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
     return summary
 
 
-def _publish(store, task: TrialTask, outcomes: list[TrialOutcome], TrialRecord, publish_trials) -> None:
+def _publish(store, task: TrialTask, outcomes: list[TrialOutcome]) -> None:
+    """Publish the task's trials in one atomic commit (keys already published are skipped by the store)."""
+    from batchlab.store import TrialRecord, publish_trials
+
     study = task.study
     records = [
         TrialRecord(
@@ -303,7 +308,12 @@ def _publish(store, task: TrialTask, outcomes: list[TrialOutcome], TrialRecord, 
     publish_trials(store, records)
 
 
-def _outcomes_by_key(store, study: StudyPlan, keys: list[str]) -> dict[str, tuple[str, int | None]]:
+def analysis_goal(config: SweepConfig, study: StudyPlan) -> float:
+    """The goal of the steps-to-result table and the growth rule: ``config.goal``, else the workload's."""
+    return float(config.goal) if config.goal is not None else study.goal
+
+
+def _outcomes_by_key(store, study: StudyPlan, keys: list[str], goal: float) -> dict[str, tuple[str, int | None]]:
     """``{trial_key: (status, first step beating the goal or None)}`` for published ``keys``."""
     import pyarrow as pa
 
@@ -320,7 +330,7 @@ def _outcomes_by_key(store, study: StudyPlan, keys: list[str]) -> dict[str, tupl
               ON m.workload = t.workload AND m.batch_size = t.batch_size AND m.trial_id = t.trial_id
             GROUP BY t.trial_key
             """,
-            [study.metric, study.goal],
+            [study.metric, goal],
         ).fetchall()
     finally:
         con.close()
@@ -333,7 +343,7 @@ def summarize(store, plan: SweepPlan, wall_time_s: float, counters: dict, grown:
     from batchlab.analysis.critical_batch_size import summarize_curve
     from batchlab.analysis.steps_to_result import steps_curve, steps_to_result
 
-    results, fits, errors = {}, {}, {}
+    results, fits, errors, goals = {}, {}, {}, {}
     con = store.connect()
     try:
         seen = set()
@@ -341,7 +351,9 @@ def summarize(store, plan: SweepPlan, wall_time_s: float, counters: dict, grown:
             if study.store_workload in seen:
                 continue
             seen.add(study.store_workload)
-            rows = steps_to_result(con, study.store_workload, study.metric, study.goal, maximize=study.maximize)
+            goal = analysis_goal(plan.config, study)
+            goals[study.store_workload] = {"metric": study.metric, "goal": goal, "maximize": study.maximize}
+            rows = steps_to_result(con, study.store_workload, study.metric, goal, maximize=study.maximize)
             wanted = set(plan.config.batch_sizes)
             rows = [r for r in rows if r.batch_size in wanted]
             results[study.store_workload] = rows
@@ -355,5 +367,5 @@ def summarize(store, plan: SweepPlan, wall_time_s: float, counters: dict, grown:
     return SweepSummary(
         store_path=plan.store_path, wall_time_s=wall_time_s, trials_run=counters["run"],
         trials_skipped=counters["skipped"], workers_lost=counters["lost"], grown=grown, results=results,
-        fits=fits, fit_errors=errors, executor=executor, workers=workers,
+        fits=fits, fit_errors=errors, executor=executor, workers=workers, goals=goals,
     )

@@ -77,8 +77,12 @@ def study_trial_specs(
     train_examples: int | None = None,
     seed: int = 0,
     stop_at_goal: bool = False,
+    eval_budget: float | None = None,
+    train_eval_examples: int | None = None,
 ) -> list[TrialSpec]:
-    """The specs of ``trials`` consecutive trials of a study, starting at ``first_trial_id``."""
+    """The specs of ``trials`` consecutive trials of a study, starting at ``first_trial_id``.
+
+    ``eval_budget`` and ``train_eval_examples`` are as in :class:`TrialSpec`, the same for every trial."""
     from batchlab.search import default_search_space
 
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
@@ -102,6 +106,8 @@ def study_trial_specs(
             stop_at_goal=stop_at_goal,
             trial_id=first_trial_id + i,
             search_space=configs,
+            eval_budget=eval_budget,
+            train_eval_examples=train_eval_examples,
         )
         for i, point in enumerate(points)
     ]
@@ -116,13 +122,16 @@ def check_study(
     train_examples: int | None = None,
     seed: int = 0,
     stop_at_goal: bool = False,
+    eval_budget: float | None = None,
+    train_eval_examples: int | None = None,
 ) -> int:
     """Validate a study (workload, optimizer, batch size, data, budget) without writing anything;
     return its step budget (``steps``, or the workload's default). Raises BatchlabError."""
     from batchlab.workloads import get_workload
 
     budget = get_workload(workload).default_steps if steps is None else steps
-    probe = study_trial_specs(workload, optimizer, batch_size, trials, 1, budget, train_examples, seed, stop_at_goal)[0]
+    probe = study_trial_specs(workload, optimizer, batch_size, trials, 1, budget, train_examples, seed, stop_at_goal,
+                              eval_budget, train_eval_examples)[0]
     prepare_trial(probe)
     return budget
 
@@ -139,22 +148,27 @@ def run_study(
     stop_at_goal: bool = False,
     on_trial: Callable[[TrialResult], None] | None = None,
     on_measurement: Callable[[dict], None] | None = None,
+    eval_budget: float | None = None,
+    train_eval_examples: int | None = None,
 ) -> StudyResult:
     """Run ``trials`` trials of one study one after another, each recorded into ``store``.
 
     Everything is validated first (:func:`check_study`), so bad input writes nothing.
     ``steps=None`` uses the workload's default budget. ``on_trial`` is called after each trial.
+    ``eval_budget`` and ``train_eval_examples`` are as in :class:`TrialSpec`.
     """
     from batchlab.search import default_search_space
 
     if store is None:
         raise BatchlabError("a study needs a store to record its trials")
-    budget = check_study(workload, optimizer, batch_size, trials, steps, train_examples, seed, stop_at_goal)
+    budget = check_study(workload, optimizer, batch_size, trials, steps, train_examples, seed, stop_at_goal,
+                         eval_budget, train_eval_examples)
     from batchlab.workloads import get_workload
 
     name = store_workload_name(get_workload(workload).name, optimizer)
     first_id = store.next_trial_id(name, int(batch_size))
-    specs = study_trial_specs(workload, optimizer, batch_size, trials, first_id, budget, train_examples, seed, stop_at_goal)
+    specs = study_trial_specs(workload, optimizer, batch_size, trials, first_id, budget, train_examples, seed, stop_at_goal,
+                              eval_budget, train_eval_examples)
     result = StudyResult(
         workload=name,
         batch_size=int(batch_size),

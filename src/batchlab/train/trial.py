@@ -32,7 +32,15 @@ import torch
 
 from batchlab.errors import BatchlabError, unknown_name_error
 from batchlab.train.divergence import DivergenceMonitor
-from batchlab.train.evaluation import evaluation_schedule, goal_reached, measure
+from batchlab.train.evaluation import (
+    EvaluationPlan,
+    budgeted_plan,
+    check_eval_budget,
+    evaluation_schedule,
+    goal_reached,
+    measure,
+    subset_splits,
+)
 from batchlab.train.sampling import _batch_indices_unchecked, updates_per_epoch
 
 __all__ = ["TrialSpec", "TrialResult", "PreparedTrial", "prepare_trial", "run_prepared", "run_trial", "store_workload_name"]
@@ -57,9 +65,20 @@ class TrialSpec:
         evaluation_steps: steps at which to evaluate, replacing the workload's schedule.
         data_seed: seed of ``workload.load_data`` (which examples form the training subset when
             ``train_examples`` is set); shared by all trials of a study.
+        train_eval_examples: measure ``train/*`` metrics on a fixed subset of at most this many
+            training examples (``None``: the workload's own cap). A few hundred examples give the
+            training loss to about 5%, at a fraction of the cost.
+        eval_budget: keep evaluation within this fraction of training, counted in examples
+            (evaluations x examples per evaluation <= ``eval_budget * batch_size * steps``), by
+            shrinking the train-metric subset, then thinning the schedule (same dense-early /
+            regular-later shape, last step kept), then the validation subset, each down to a floor
+            (:func:`batchlab.train.evaluation.budgeted_plan` states the order, the floors and the
+            cost in resolution). ``None`` (default): the workload's full schedule and subsets, the
+            finest steps-to-result resolution. Cannot be combined with ``evaluation_steps``.
 
-    ``train/*`` metrics are measured by ``workload.evaluate`` on the training set (the workload caps
-    it to a fixed subset), ``val/*`` metrics on the validation set.
+    ``train/*`` metrics are measured by ``workload.evaluate`` on a fixed subset of the training set
+    (the workload's cap, ``train_eval_examples`` or the budget's), ``val/*`` metrics on the
+    validation set (whole unless the budget shrank it to a fixed subset).
     """
 
     workload: str
@@ -75,6 +94,8 @@ class TrialSpec:
     search_space: dict | None = None
     evaluation_steps: Sequence[int] | None = None
     data_seed: int = 0
+    train_eval_examples: int | None = None
+    eval_budget: float | None = None
 
 
 @dataclass
@@ -127,6 +148,7 @@ class PreparedTrial:
     eval_splits: dict[str, tuple[torch.Tensor, torch.Tensor]]
     model: torch.nn.Module
     algorithm: Any
+    evaluation_examples: dict[str, int] = field(default_factory=dict)
 
 
 def store_workload_name(workload: str, optimizer: str) -> str:
@@ -178,7 +200,8 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
 
     Raises:
         BatchlabError: unknown workload or optimizer (closest name suggested), batch size outside
-            ``1..num_train``, learning rate <= 0, bad steps/seed/examples, a missing data package
+            ``1..num_train``, learning rate <= 0, bad steps/seed/examples, an evaluation budget that
+            is not a number > 0 or comes with explicit evaluation steps, a missing data package
             (the data module's message), or hyperparameters the optimizer rejects.
     """
     from batchlab.optim import build_training_algorithm, optimizer_names
@@ -198,9 +221,26 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
         workload.evaluation_steps(steps) if spec.evaluation_steps is None else (), steps, spec.evaluation_steps
     )
 
+    train_eval_examples = None if spec.train_eval_examples is None else _as_int("train eval examples", spec.train_eval_examples, 1)
+    if spec.eval_budget is not None:
+        check_eval_budget(spec.eval_budget)
+    if spec.eval_budget is not None and spec.evaluation_steps is not None:
+        raise BatchlabError("give either an evaluation budget or explicit evaluation steps (--eval-every), not both")
+
     data = _load_data(workload.name, train_examples, data_seed)
     num_train = int(data.num_train)
     updates_per_epoch(num_train, batch_size)  # batch size within 1..num_train
+    splits = {"train": (data.train_x, data.train_y), "val": (data.val_x, data.val_y)}
+    caps = getattr(workload, "eval_examples", {}) or {}
+    examples = {}
+    for split, (x, _) in splits.items():
+        cap = caps.get(split)
+        if split == "train" and train_eval_examples is not None:
+            cap = train_eval_examples if cap is None else min(cap, train_eval_examples)
+        examples[split] = len(x) if cap is None else min(len(x), int(cap))
+    plan = EvaluationPlan(schedule, examples)
+    if spec.eval_budget is not None:
+        plan = budgeted_plan(plan, spec.eval_budget, batch_size, steps)
 
     label_smoothing = float(parameters.get("label_smoothing") or 0.0)
 
@@ -222,14 +262,15 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
         workload=workload,
         store_workload=store_workload_name(workload.name, spec.optimizer),
         steps=steps,
-        schedule=schedule,
+        schedule=plan.steps,
         parameters=parameters,
         train_x=data.train_x,
         train_y=data.train_y,
         num_train=num_train,
-        eval_splits={"train": (data.train_x, data.train_y), "val": (data.val_x, data.val_y)},
+        eval_splits=subset_splits(splits, plan.examples),
         model=model,
         algorithm=algorithm,
+        evaluation_examples=dict(plan.examples),
     )
 
 
