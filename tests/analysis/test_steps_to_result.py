@@ -243,3 +243,23 @@ def test_selections_sharing_a_scan_keep_their_own_goal_and_budget(make_con):
     assert together == alone
     assert [(r[0].steps, r[0].trial_id) for r in together] == [
         (30, 2), (10, 1), (80, 1), (30, 2), (10, 1), (30, 2), (5, 3)]
+
+
+def test_scans_over_adjacent_and_separate_workloads_do_not_mix(make_con):
+    # Adjacent selected workloads share one range scan, non-adjacent ones get their own; a
+    # workload in between that nobody asked for (here reaching the goal first) never leaks in.
+    a, b, c = "a/m/sgd", "b/m/sgd", "c/m/sgd"
+    con = make_con(
+        [
+            trial(a, 8, 1, curve([(10, 0.5), (40, 0.001)])),
+            trial(b, 8, 1, curve([(1, 0.001)])),
+            trial(c, 8, 1, curve([(30, 0.001)])),
+            trial(c, 16, 1, curve([(2, 0.001)], metric="val/other")),
+        ]
+    )
+    for names in ([a, c], [a, b, c], [c, a]):
+        results = steps_to_result_many(con, [Selection(w, M, 0.01) for w in names])
+        got = {per[0].workload: [(r.batch_size, r.steps) for r in per] for per in results}
+        expected = {a: [(8, 40)], b: [(8, 1)], c: [(8, 30), (16, None)]}
+        assert got == {w: expected[w] for w in names}
+    assert steps_to_result_many(con, [Selection("d/m/sgd", M, 0.01)], check=False) == [[]]

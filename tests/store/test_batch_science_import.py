@@ -226,6 +226,7 @@ def test_measurement_files_are_sorted_with_small_row_groups(tmp_path, release, m
                 column = group.column(names.index(name))
                 assert column.statistics.has_min_max
                 assert any("DICTIONARY" in e for e in column.encodings), (name, column.encodings)
+            assert "DELTA_BINARY_PACKED" in group.column(names.index("step")).encodings
     # the whole store still answers as before
     plain = Store.open(tmp_path / "plain", create=True)
     import_batch_science(plain, root)

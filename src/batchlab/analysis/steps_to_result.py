@@ -17,10 +17,10 @@ For each batch size of a workload:
 Steps count optimizer updates: a measurement at step ``t`` was taken after ``t`` updates.
 
 Everything runs as one DuckDB query over the ``measurements`` view, so all workloads (or several
-goals) are answered together: one narrowed scan per (workload, metric, direction) whose constant
-filters DuckDB pushes into the Parquet reader (row groups of other workloads and metrics are
-skipped), reduced to each trial's first qualifying step, and only then joined to the (small) table
-of selected trials.
+goals) are answered together: a few narrowed scans (one per metric and direction and run of
+adjacent workloads) whose constant filters DuckDB pushes into the Parquet reader, so row groups of
+other workloads and metrics are skipped; the rows are reduced to each trial's first qualifying
+step, and only then joined to the (small) table of selected trials.
 """
 
 from __future__ import annotations
@@ -157,12 +157,13 @@ def steps_to_result_many(
     """
     if not selections:
         return []
+    workloads = workload_names(con)
     if check:
-        known = set(workload_names(con))
+        known = set(workloads)
         for selection in selections:
             if selection.workload not in known:
                 raise unknown_name_error("workload", selection.workload, known)
-    rows = _query(con, selections, _BEST_SQL)
+    rows = _query(con, selections, _BEST_SQL, workloads=workloads)
     results: list[list[BatchSizeResult]] = [[] for _ in selections]
     for sel_id, batch_size, steps, trial_id, value, parameters, n_trials, n_reached in rows:
         reached = steps is not None
@@ -234,12 +235,12 @@ chosen AS (
 ),
 hits AS (
     -- each trial's earliest qualifying evaluation step, and the metric there (one row per step).
-    -- ``scans`` is one narrowed scan of measurements per (workload, metric, direction), so the
-    -- exact per-selection conditions below see only rows that can qualify; the reduction to one
-    -- row per trial happens before anything is joined to trials.
+    -- ``scans`` are narrowed scans of measurements (see _scans_sql), so the exact per-selection
+    -- conditions below see only rows that can qualify; the reduction to one row per trial
+    -- happens before anything is joined to trials.
     SELECT sel.sel_id, m.batch_size, m.trial_id, min(m.step) AS first_step, arg_min(m.value, m.step) AS value
     FROM ({scans}) AS m
-    JOIN sel ON m.scan_id = sel.scan_id
+    JOIN sel ON m.scan_id = sel.scan_id AND m.workload = sel.workload
     WHERE CASE WHEN sel.maximize THEN m.value > sel.goal ELSE m.value < sel.goal END
       AND (sel.step_budget IS NULL OR m.step <= sel.step_budget)
       AND (sel.example_budget IS NULL OR m.batch_size * m.step <= sel.example_budget)
@@ -282,17 +283,96 @@ ORDER BY b.sel_id, b.batch_size
 )
 
 
-def _scan_keys(selections: Sequence[Selection]) -> list[tuple[str, str, bool]]:
-    """The distinct (workload, metric, maximize) of ``selections``: one measurement scan each."""
-    return sorted({(s.workload, s.metric, bool(s.maximize)) for s in selections})
+@dataclass(frozen=True)
+class _Scan:
+    """One narrowed scan of ``measurements``: the workloads ``first..last`` (a run of consecutive
+    workloads in the store's order) for one metric and direction, bounded by the loosest goal
+    (and step budget) of the selections it serves."""
+
+    first: str
+    last: str
+    metric: str
+    maximize: bool
+    goal: float
+    step_budget: int | None
 
 
-def _selections_table(selections: Sequence[Selection], scan_ids: dict[tuple[str, str, bool], int]) -> pa.Table:
+def _plan_scans(selections: Sequence[Selection], workloads: Sequence[str]) -> tuple[list[_Scan], list[int]]:
+    """The scans that cover ``selections`` and the scan of each selection.
+
+    ``workloads`` are the store's workloads in DuckDB's order. Selections with the same metric and
+    direction share a scan when their workloads are adjacent in that order, so asking for every
+    workload takes one scan per metric, while asking for one takes one scan of that workload only.
+    A workload not in ``workloads`` gets a scan of its own.
+    """
+    position = {w: i for i, w in enumerate(workloads)}
+    groups: dict[tuple[str, bool], list[int]] = {}
+    for i, s in enumerate(selections):
+        groups.setdefault((s.metric, bool(s.maximize)), []).append(i)
+    scans: list[_Scan] = []
+    scan_of = [0] * len(selections)
+    for (metric, maximize), members in sorted(groups.items()):
+        names = sorted({selections[i].workload for i in members}, key=lambda w: (position.get(w, -1), w))
+        runs: list[list[str]] = []
+        for name in names:
+            previous = runs[-1][-1] if runs else None
+            adjacent = (previous in position and name in position
+                        and position[name] == position[previous] + 1)
+            if adjacent:
+                runs[-1].append(name)
+            else:
+                runs.append([name])
+        for run in runs:
+            served = [i for i in members if selections[i].workload in run]
+            budgets = [selections[i].step_budget for i in served]
+            goals = [float(selections[i].goal) for i in served]
+            for i in served:
+                scan_of[i] = len(scans)
+            scans.append(_Scan(
+                first=run[0], last=run[-1], metric=metric, maximize=maximize,
+                goal=min(goals) if maximize else max(goals),
+                step_budget=max(budgets) if all(b is not None for b in budgets) else None,
+            ))
+    return scans, scan_of
+
+
+def _scans_sql(scans: Sequence[_Scan], params: dict) -> str:
+    """A ``UNION ALL`` of the scans, tagging each row with its scan id.
+
+    Each scan's WHERE is a conjunction of constant comparisons (``workload BETWEEN first AND last
+    AND metric = m AND value < g`` [``AND step <= S``]), which DuckDB pushes into the Parquet
+    reader: with the store's files sorted by (workload, metric, batch_size, trial_id, step), the
+    row groups' min/max statistics skip every row group of other workloads and metrics. The bounds
+    only narrow (the exact per-selection conditions are applied after, and rows of a workload no
+    selection asked for are dropped by the join on the selection's workload). NaN and infinite
+    values never qualify: the value range excludes both infinities, and DuckDB orders NaN above
+    +inf (so a plain ``value > goal`` would count NaN as a hit under maximize).
+    """
+    parts = []
+    for k, scan in enumerate(scans):
+        params[f"f{k}"], params[f"l{k}"] = scan.first, scan.last
+        params[f"m{k}"], params[f"g{k}"] = scan.metric, scan.goal
+        # finite and strictly beyond the goal, as one range on value: minimise (-inf, g), maximise
+        # (g, inf). In DuckDB NaN compares above +inf, so neither range holds NaN or an infinity.
+        params[f"i{k}"] = math.inf if scan.maximize else -math.inf
+        value_range = (f"value > $g{k} AND value < $i{k}" if scan.maximize
+                       else f"value > $i{k} AND value < $g{k}")
+        where = f"workload BETWEEN $f{k} AND $l{k} AND metric = $m{k} AND {value_range}"
+        if scan.step_budget is not None:
+            params[f"s{k}"] = scan.step_budget
+            where += f" AND step <= $s{k}"
+        parts.append(
+            f"SELECT {k} AS scan_id, workload, batch_size, trial_id, step, value FROM measurements "
+            f"WHERE {where}"
+        )
+    return "\nUNION ALL\n".join(parts)
+
+
+def _selections_table(selections: Sequence[Selection], scan_of: Sequence[int]) -> pa.Table:
     return pa.table(
         {
             "sel_id": pa.array(range(len(selections)), pa.int64()),
-            "scan_id": pa.array([scan_ids[(s.workload, s.metric, bool(s.maximize))] for s in selections],
-                                pa.int64()),
+            "scan_id": pa.array(scan_of, pa.int64()),
             "workload": pa.array([s.workload for s in selections], pa.string()),
             "metric": pa.array([s.metric for s in selections], pa.string()),
             "goal": pa.array([float(s.goal) for s in selections], pa.float64()),
@@ -305,45 +385,20 @@ def _selections_table(selections: Sequence[Selection], scan_ids: dict[tuple[str,
     )
 
 
-def _measurement_scans(selections: Sequence[Selection], scan_ids: dict[tuple[str, str, bool], int],
-                       params: dict) -> str:
-    """A ``UNION ALL`` of one scan of ``measurements`` per (workload, metric, direction).
+def _query(con: duckdb.DuckDBPyConnection, selections: Sequence[Selection], sql: str, fetch: str = "all",
+           workloads: Sequence[str] | None = None):
+    """Run ``sql`` with the selections registered under a unique name, then unregister them.
 
-    Each scan's WHERE is a conjunction of constant comparisons (``workload = w AND metric = m AND
-    value < g`` [``AND step <= S``]), which DuckDB pushes into the Parquet reader: with the store's
-    files sorted by (workload, metric, batch_size, trial_id, step), row-group min/max statistics
-    skip every row group of other workloads and metrics. The bound is the loosest goal (and step
-    budget) of the selections sharing the scan, so it only narrows; the exact per-selection
-    conditions are applied after. NaN and infinite values never qualify (DuckDB orders NaN above
-    every number, so ``NaN > goal`` would otherwise count as a hit under maximize).
-    """
-    parts = []
-    for (workload, metric, maximize), scan_id in scan_ids.items():
-        group = [s for s in selections if (s.workload, s.metric, bool(s.maximize)) == (workload, metric, maximize)]
-        goal = (min if maximize else max)(float(s.goal) for s in group)
-        budgets = [s.step_budget for s in group]
-        k = str(scan_id)
-        params["w" + k], params["m" + k], params["g" + k] = workload, metric, goal
-        where = f"workload = $w{k} AND metric = $m{k} AND value {'>' if maximize else '<'} $g{k}"
-        if all(b is not None for b in budgets):
-            params["s" + k] = max(budgets)
-            where += f" AND step <= $s{k}"
-        parts.append(
-            f"SELECT {scan_id} AS scan_id, batch_size, trial_id, step, value FROM measurements "
-            f"WHERE {where} AND isfinite(value)"
-        )
-    return "\nUNION ALL\n".join(parts)
-
-
-def _query(con: duckdb.DuckDBPyConnection, selections: Sequence[Selection], sql: str, fetch: str = "all"):
-    """Run ``sql`` with the selections registered under a unique name, then unregister them."""
-    scan_ids = {key: i for i, key in enumerate(_scan_keys(selections))}
+    ``workloads``: the store's workloads in DuckDB's order (looked up when not given)."""
+    if workloads is None:
+        workloads = workload_names(con)
+    scans, scan_of = _plan_scans(selections, workloads)
     params: dict = {}
-    scans = _measurement_scans(selections, scan_ids, params)
     name = f"_batchlab_selections_{uuid.uuid4().hex}"
-    con.register(name, _selections_table(selections, scan_ids))
+    text = sql.format(selections=name, scans=_scans_sql(scans, params))
+    con.register(name, _selections_table(selections, scan_of))
     try:
-        result = con.execute(sql.format(selections=name, scans=scans), params)
+        result = con.execute(text, params)
         return result.df() if fetch == "df" else result.fetchall()
     finally:
         con.unregister(name)

@@ -21,6 +21,7 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +34,6 @@ from batchlab.store.files import (
     exclusive_lock,
     fsync_directory,
     temporary_path,
-    write_parquet_atomic,
 )
 from batchlab.store.log import LOCK_FILE, LOG_DIR, CommitPlan, StoreState, commit, read_state
 from batchlab.store.schema import SCHEMAS, STATUSES, TABLES
@@ -44,23 +44,15 @@ SMALL_FILE_ROWS = 4_000_000  # measurements files below this are merged
 # The layout of measurements files: sort key and row-group size (rows). 64k-row groups keep the
 # per-group statistics narrow (a (workload, metric) pair of a large study spans several groups)
 # at a negligible metadata cost. Dictionary encoding of the sorted key columns turns their long
-# runs into RLE runs that are nearly free to decode; step and value stay plain (few repeats).
+# runs into RLE runs that are nearly free to decode; step (increasing within a trial) is
+# delta-encoded; value stays plain.
 MEASUREMENT_ORDER = ("workload", "metric", "batch_size", "trial_id", "step")
 MEASUREMENT_ROW_GROUP_ROWS = 1 << 16
 _MEASUREMENT_WRITE_OPTIONS = {
     "compression": "snappy",
     "use_dictionary": ["workload", "metric", "batch_size", "trial_id"],
+    "column_encoding": {"step": "DELTA_BINARY_PACKED"},
 }
-
-
-def write_measurements_file(store: Store, table: pa.Table) -> str:
-    """Write measurement rows already sorted by :data:`MEASUREMENT_ORDER` as a new, uncommitted
-    data file (atomically); returns its path relative to the store. The caller sorts (the import
-    builds its rows in order; :func:`_merge` sorts with DuckDB)."""
-    rel, path = store.new_data_path("measurements")
-    write_parquet_atomic(table.cast(SCHEMAS["measurements"]), path,
-                         row_group_size=MEASUREMENT_ROW_GROUP_ROWS, **_MEASUREMENT_WRITE_OPTIONS)
-    return rel
 
 
 def store_info(store: Store) -> dict:
@@ -82,6 +74,33 @@ def store_info(store: Store) -> dict:
         "pending_trials": len(store.pending_headers()),
         "commits": state.seq,
     }
+
+
+def write_measurements_file(store: Store, table: pa.Table) -> str:
+    """Write measurement rows already sorted by :data:`MEASUREMENT_ORDER` as a new, uncommitted
+    data file (atomically); returns its path relative to the store. The caller sorts (the import
+    builds its rows in order; :func:`_merge` sorts with DuckDB)."""
+    rel, path = store.new_data_path("measurements")
+    _write_atomic(path, lambda tmp: pq.write_table(
+        table.cast(SCHEMAS["measurements"]), tmp, row_group_size=MEASUREMENT_ROW_GROUP_ROWS,
+        **_MEASUREMENT_WRITE_OPTIONS))
+    return rel
+
+
+def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """``write(tmp)`` to a temporary name in ``path``'s directory, fsync, then rename to ``path``."""
+    tmp = temporary_path(path)
+    try:
+        write(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _rows(path: Path) -> int:
@@ -113,24 +132,19 @@ def _merge(store: Store, name: str, group: list[str]) -> str:
     Measurements are re-sorted by :data:`MEASUREMENT_ORDER` (DuckDB's external sort, so memory
     stays bounded) and written with the import's layout; the other tables keep their row order."""
     rel, path = store.new_data_path(name)
-    tmp = temporary_path(path)
+    if name == "measurements":
+        _write_atomic(path, lambda tmp: _write_sorted_measurements(store, group, tmp))
+        return rel
     schema = SCHEMAS[name]
-    try:
-        if name == "measurements":
-            _write_sorted_measurements(store, group, tmp)
-        else:
-            with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
-                for src in group:
-                    reader = pq.ParquetFile(store.root / src)
-                    for i in range(reader.num_row_groups):
-                        writer.write_table(reader.read_row_group(i).cast(schema), row_group_size=1 << 20)
-        fd = os.open(tmp, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+
+    def copy(tmp: Path) -> None:
+        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+            for src in group:
+                reader = pq.ParquetFile(store.root / src)
+                for i in range(reader.num_row_groups):
+                    writer.write_table(reader.read_row_group(i).cast(schema), row_group_size=1 << 20)
+
+    _write_atomic(path, copy)
     return rel
 
 

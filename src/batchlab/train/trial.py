@@ -41,7 +41,7 @@ from batchlab.train.evaluation import (
     measure,
     subset_splits,
 )
-from batchlab.train.sampling import _batch_indices_unchecked, updates_per_epoch
+from batchlab.train.sampling import _epoch_permutation, updates_per_epoch
 
 __all__ = ["TrialSpec", "TrialResult", "PreparedTrial", "prepare_trial", "run_prepared", "run_trial", "store_workload_name"]
 
@@ -346,6 +346,7 @@ def run_prepared(
     train_x, train_y, num_train = prepared.train_x, prepared.train_y, prepared.num_train
     step_fn, diverged = algorithm.step, monitor.diverged
     step = 0
+    permutation, permutation_epoch = None, -1
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         stop = False
@@ -353,7 +354,12 @@ def run_prepared(
             stop = evaluate(0)
             next_eval = next(schedule, None)
         while not stop and step < total:
-            indices = _batch_indices_unchecked(num_train, batch_size, seed, step, per_epoch)
+            # = _batch_indices_unchecked(num_train, batch_size, seed, step, per_epoch), without its
+            # per-step cache lookup and defensive copy (index_select never modifies the indices)
+            epoch, position = divmod(step, per_epoch)
+            if epoch != permutation_epoch:
+                permutation, permutation_epoch = _epoch_permutation(num_train, seed, epoch), epoch
+            indices = permutation[position * batch_size : (position + 1) * batch_size]
             loss = step_fn(train_x.index_select(0, indices), train_y.index_select(0, indices))
             step += 1
             if diverged(loss):
