@@ -20,6 +20,7 @@ import errno
 import fcntl
 import json
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ SMALL_FILE_ROWS = 4_000_000  # measurements files below this are merged
 # delta-encoded; value stays plain.
 MEASUREMENT_ORDER = ("workload", "metric", "batch_size", "trial_id", "step")
 MEASUREMENT_ROW_GROUP_ROWS = 1 << 16
+SORT_MEMORY_LIMIT = "1GB"  # DuckDB's memory for compaction's sort (it spills beyond)
 _MEASUREMENT_WRITE_OPTIONS = {
     "compression": "snappy",
     "use_dictionary": ["workload", "metric", "batch_size", "trial_id"],
@@ -150,33 +152,37 @@ def _merge(store: Store, name: str, group: list[str]) -> str:
 
 def _write_sorted_measurements(store: Store, group: list[str], out: Path) -> None:
     """The rows of the measurements files ``group``, sorted by :data:`MEASUREMENT_ORDER`, into
-    ``out`` with row groups of exactly :data:`MEASUREMENT_ROW_GROUP_ROWS` rows (the last shorter)."""
+    ``out`` with row groups of exactly :data:`MEASUREMENT_ROW_GROUP_ROWS` rows (the last shorter).
+
+    DuckDB sorts within :data:`SORT_MEMORY_LIMIT`, spilling to a temporary directory beyond it."""
     schema = SCHEMAS["measurements"]
     paths = [str(store.root / rel) for rel in group]
-    con = duckdb.connect()
-    try:
-        con.execute("SET preserve_insertion_order = true")
-        reader = con.execute(
-            f"SELECT {', '.join(schema.names)} FROM read_parquet($files) ORDER BY {', '.join(MEASUREMENT_ORDER)}",
-            {"files": paths},
-        ).to_arrow_reader(MEASUREMENT_ROW_GROUP_ROWS)
-        with pq.ParquetWriter(out, schema, **_MEASUREMENT_WRITE_OPTIONS) as writer:
-            batches, rows = [], 0
-            for batch in reader:
-                batches.append(batch)
-                rows += batch.num_rows
-                if rows >= MEASUREMENT_ROW_GROUP_ROWS:  # write whole groups, carry the rest
-                    table = pa.Table.from_batches(batches)
-                    whole = rows - rows % MEASUREMENT_ROW_GROUP_ROWS
-                    writer.write_table(table.slice(0, whole).cast(schema),
+    with tempfile.TemporaryDirectory(prefix="batchlab-sort-") as spill:
+        con = duckdb.connect(config={"memory_limit": SORT_MEMORY_LIMIT, "temp_directory": spill})
+        try:
+            con.execute("SET enable_progress_bar = false")
+            reader = con.execute(
+                f"SELECT {', '.join(schema.names)} FROM read_parquet($files) "
+                f"ORDER BY {', '.join(MEASUREMENT_ORDER)}",
+                {"files": paths},
+            ).to_arrow_reader(MEASUREMENT_ROW_GROUP_ROWS)
+            with pq.ParquetWriter(out, schema, **_MEASUREMENT_WRITE_OPTIONS) as writer:
+                batches, rows = [], 0
+                for batch in reader:
+                    batches.append(batch)
+                    rows += batch.num_rows
+                    if rows >= MEASUREMENT_ROW_GROUP_ROWS:  # write whole groups, carry the rest
+                        table = pa.Table.from_batches(batches)
+                        whole = rows - rows % MEASUREMENT_ROW_GROUP_ROWS
+                        writer.write_table(table.slice(0, whole).cast(schema),
+                                           row_group_size=MEASUREMENT_ROW_GROUP_ROWS)
+                        rest = table.slice(whole)
+                        batches, rows = rest.to_batches(), rest.num_rows
+                if batches:
+                    writer.write_table(pa.Table.from_batches(batches).cast(schema),
                                        row_group_size=MEASUREMENT_ROW_GROUP_ROWS)
-                    rest = table.slice(whole)
-                    batches, rows = rest.to_batches(), rest.num_rows
-            if batches:
-                writer.write_table(pa.Table.from_batches(batches).cast(schema),
-                                   row_group_size=MEASUREMENT_ROW_GROUP_ROWS)
-    finally:
-        con.close()
+        finally:
+            con.close()
 
 
 @dataclass

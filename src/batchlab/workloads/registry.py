@@ -14,6 +14,7 @@ mnist/fc_256_256_256           sgd, lr 0.2                            840       
 mnist/fc_1024_1024_1024        sgd, lr 0.2                            840             106
 mnist/simple_cnn_narrow        nesterov, lr 0.02, momentum 0.9        1950            215
 mnist/simple_cnn_base          nesterov, lr 0.02, momentum 0.9        1950            619
+mnist/simple_cnn_wide          nesterov, lr 0.02, momentum 0.9        2000            1615
 fashion_mnist/simple_cnn_base  nesterov, lr 0.02, momentum 0.9        1350            445
 shakespeare/lstm_char          adam, lr 0.01, batch size 32           200             36
 shakespeare/transformer_char   adam, lr 0.003, batch size 32          1050            190
