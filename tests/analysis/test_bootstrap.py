@@ -30,6 +30,13 @@ def synthetic_trials(s_min, b_crit, n_trials, seed, miss=0.3):
     return out
 
 
+@pytest.mark.parametrize("seed", [-1, 1.5, True])
+def test_seed_must_be_a_non_negative_integer(seed):
+    data = synthetic_trials(1000.0, 64.0, 3, seed=1)
+    with pytest.raises(BatchlabError, match="seed must be an integer >= 0"):
+        bootstrap_critical_batch_size(data, n_boot=5, seed=seed)
+
+
 def test_same_seed_same_answer_other_seed_other_draws():
     data = synthetic_trials(1000.0, 64.0, 10, seed=1)
     a = bootstrap_critical_batch_size(data, n_boot=60, seed=3)

@@ -127,6 +127,21 @@ def test_unknown_names_list_what_exists(capsys, store_dir):
     assert "known: val/classification_error, val/cross_entropy_error" in err
 
 
+def test_negative_bootstrap_seed_is_one_line_exit_2(capsys, store_dir):
+    code, out, err = run(capsys, "analyze", "critical-batch-size", "--store", str(store_dir), "--workload", W,
+                         "--metric", E, "--goal", "0.01", "--bootstrap", "5", "--seed", "-1", "--json")
+    assert (code, out) == (2, "") and err == "error: seed must be an integer >= 0, got -1\n"
+
+
+def test_empty_store_says_it_has_no_workloads(capsys, tmp_path):
+    from batchlab.store import Store
+
+    Store.open(tmp_path / "empty", create=True)
+    code, out, err = run(capsys, "analyze", "steps-to-result", "--store", str(tmp_path / "empty"), "--workload", W,
+                         "--metric", E, "--goal", "0.01")
+    assert (code, out) == (2, "") and err.count("\n") == 1 and "the store has no workloads yet" in err
+
+
 def test_too_few_reached_batch_sizes(capsys, store_dir):
     code, out, err = run(capsys, "analyze", "critical-batch-size", "--store", str(store_dir), "--workload", W,
                          "--metric", E, "--goal", "0.001", "--json")

@@ -109,6 +109,13 @@ def test_curve_json_every_step_and_log(capsys):
           "--steps", "10"], "[0, 1)"),
         (["curve", "--learning-rate", "0.1", "--batch-size", "0", "--steps", "10"], "batch size must be > 0"),
         (["sweep", "--power-law", "1,1"], "--dim"),
+        (["sweep", "--batch-sizes", "4,inf"], "batch sizes must be > 0 and finite"),
+        (["curve", "--learning-rate", "0.1", "--batch-size", "inf", "--steps", "10"], "batch size must be > 0 and finite"),
+        (["curve", "--learning-rate", "0.1", "--batch-size", "4", "--steps", "10", "--momentum", "0.9"],
+         "--momentum does not apply to optimizer 'sgd'"),
+        (["curve", "--optimizer", "momentum", "--momentum", "0.9", "--ema-decay", "0.9", "--learning-rate", "0.1",
+          "--batch-size", "4", "--steps", "10"], "--ema-decay does not apply to optimizer 'momentum'"),
+        (["sweep", "--batch-sizes", "2.5,3", "--max-steps", "10", "--fit"], "batch sizes must be whole numbers"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(capsys, args, fragment):
@@ -124,6 +131,19 @@ def test_bad_spectrum_files_exit_2(capsys, tmp_path):
         path.write_text(text)
         code, _, err = run(capsys, "nqm", "sweep", "--spectrum", str(path))
         assert code == 2 and err.startswith("error: ") and "spectrum" in err
+    path.write_bytes(b"\xff\xfe\x00garbage")  # not text at all
+    code, out, err = run(capsys, "nqm", "sweep", "--spectrum", str(path))
+    assert (code, out) == (2, "") and err.startswith("error: ") and err.count("\n") == 1 and "not a UTF-8 text" in err
+
+
+@pytest.mark.parametrize("blocker", ["file", "parent-file"])
+def test_figures_out_blocked_by_a_file_fails_before_computing(capsys, tmp_path, blocker):
+    existing = tmp_path / "taken"
+    existing.write_text("keep me")
+    out_dir = existing if blocker == "file" else existing / "sub"
+    code, out, err = run(capsys, "nqm", "figures", "--out", str(out_dir), "--workers", "1")
+    assert (code, out) == (2, "") and err.startswith("error: ") and err.count("\n") == 1
+    assert "figure directory" in err and existing.read_text() == "keep me"
 
 
 def test_subprocess_exit_code_and_no_traceback():
@@ -131,3 +151,29 @@ def test_subprocess_exit_code_and_no_traceback():
                             capture_output=True, text=True)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.startswith("error: ")
+
+
+def test_out_of_memory_is_a_one_line_user_error(capsys, monkeypatch):
+    import batchlab.nqm.dynamics as dynamics
+
+    def too_big(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(dynamics, "moment_recurrence", too_big)
+    code, out, err = run(capsys, "nqm", "curve", "--power-law", "1,1", "--dim", "50", "--learning-rate", "0.1",
+                         "--batch-size", "4", "--steps", "10")
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert "(50 eigenvalues) needs more memory than this machine has" in err
+
+
+def test_pwc_schedule_respects_max_steps(capsys):
+    def pwc(max_steps):
+        code, out, _ = run(capsys, "nqm", "sweep", "--batch-sizes", "4", "--schedule", "pwc:3", "--max-steps",
+                           str(max_steps), "--json")
+        assert code == 0
+        return json.loads(out)
+
+    free = pwc(400_000)  # the optimal 3-piece schedule needs 3 * 102742 = 308226 updates
+    assert free["reached"] and free["steps"] == 3 * free["piece_length"] <= 400_000
+    capped = pwc(free["steps"] - 1)  # one update short of it: not reached within the budget
+    assert capped["reached"] is False and capped["steps"] is None

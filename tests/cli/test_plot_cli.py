@@ -86,6 +86,8 @@ def test_every_plot_command_writes_a_png(capsys, store_dir, tmp_path, command, a
                               "--out", "{tmp}/f.png"], "budgets of one kind"),
         ("metaparameters", ["--workload", SGD, "--metric", E, "--goal", "0.0001", "--out", "{tmp}/f.png"],
          "no batch size reached"),
+        ("steps-to-result", ["--workload", NESTEROV, "--metric", E, "--goal", "0.01", "--bootstrap", "3",
+                             "--seed", "-1", "--out", "{tmp}/f.png"], "seed must be an integer >= 0"),
     ],
 )
 def test_plot_errors_are_one_line_and_write_nothing(capsys, store_dir, tmp_path, command, args, message):
@@ -94,3 +96,12 @@ def test_plot_errors_are_one_line_and_write_nothing(capsys, store_dir, tmp_path,
     assert code == 2 and out == ""
     assert err.startswith("error: ") and message in err and err.strip().count("\n") == 0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_out_that_is_an_existing_directory_is_one_line_and_kept(capsys, store_dir, tmp_path):
+    target = tmp_path / "figure.png"
+    target.mkdir()
+    code, out, err = run(capsys, "plot", "steps-to-result", "--store", str(store_dir), "--workload", NESTEROV,
+                         "--metric", E, "--goal", "0.01", "--out", str(target))
+    assert (code, out) == (2, "") and err.count("\n") == 1 and "is an existing directory" in err
+    assert target.is_dir() and list(tmp_path.iterdir()) == [target]

@@ -51,11 +51,33 @@ def test_malformed_import_is_one_line_exit_2_and_skip_bad_lists(tmp_path, capsys
     code, out, err = run(capsys, "import", "batch-science", tmp_path / "rel", "--store", store)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("error: ") and str(bad) in err and "bad JSON" in err
-    code, out, _ = run(capsys, "store", "info", "--store", store, "--json")
-    assert json.loads(out)["measurements"] == 0  # nothing written
+    assert not store.exists()  # nothing written: the failed import leaves no new, empty store behind
     code, out, err = run(capsys, "import", "batch-science", tmp_path / "rel", "--store", store, "--skip-bad")
     assert code == 0 and "imported 23 trials" in out and "1 skipped" in out
     assert err.startswith(f"skipped: {bad}: bad JSON")
+
+
+def test_failed_import_into_an_existing_store_keeps_it(tmp_path, capsys):
+    make_release(tmp_path / "good")
+    store = tmp_path / "store"
+    assert run(capsys, "import", "batch-science", tmp_path / "good", "--store", store)[0] == 0
+    studies = make_release(tmp_path / "bad")
+    (studies[("mnist/simple_cnn_base/sgd", 8)] / "study.json").write_bytes(b"\xff garbage")
+    code, out, err = run(capsys, "import", "batch-science", tmp_path / "bad", "--store", store)
+    assert (code, out) == (2, "") and err.count("\n") == 1 and "bad JSON" in err
+    code, out, _ = run(capsys, "store", "info", "--store", store, "--json")
+    assert code == 0 and json.loads(out)["measurements"] == 240
+
+
+@pytest.mark.parametrize("below", ["x", "x/y"])
+def test_export_below_a_file_is_one_line_exit_2(tmp_path, capsys, below):
+    make_release(tmp_path / "rel")
+    store = tmp_path / "store"
+    assert run(capsys, "import", "batch-science", tmp_path / "rel", "--store", store)[0] == 0
+    (tmp_path / "afile").write_text("keep")
+    code, out, err = run(capsys, "export", "batch-science", "--store", store, "--out", tmp_path / "afile" / below)
+    assert (code, out) == (2, "") and err.count("\n") == 1 and "cannot create the export target's directory" in err
+    assert (tmp_path / "afile").read_text() == "keep"
 
 
 @pytest.mark.parametrize("args, message", [

@@ -61,3 +61,11 @@ def test_tables_budget_growth_and_conflicting_resume(tmp_path):
     args[args.index("--steps") + 1] = "5"
     message = _one_line_error(run_cli(*args))
     assert "already holds trial 0 of mnist/fc_64_64_64/sgd" in message and "another --store" in message
+
+
+def test_non_finite_goal_is_rejected_before_any_trial_runs(tmp_path):
+    store = tmp_path / "store"
+    message = _one_line_error(run_cli("mnist/fc_64_64_64", "--batch-sizes", "8", "--trials", "1", "--steps", "2",
+                                      "--train-examples", "256", "--goal", "nan", "--store", str(store)))
+    assert "field 'goal': must be a finite number, got nan" in message
+    assert not store.exists()

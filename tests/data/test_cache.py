@@ -52,3 +52,14 @@ def test_cached_arrays_prepares_once_and_rebuilds_a_corrupt_file(tmp_path, monke
     third = cache.cached_arrays("t.npz", prepare)
     assert len(calls) == 2
     np.testing.assert_array_equal(third["v"], [1, 2, 3])
+
+
+def test_cache_dir_that_is_a_file_is_a_one_line_error(tmp_path, monkeypatch):
+    from batchlab.errors import BatchlabError
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    monkeypatch.setenv("BATCHLAB_CACHE", str(blocker))
+    with pytest.raises(BatchlabError, match="cannot use .*not-a-dir.* as the data cache .*set BATCHLAB_CACHE") as info:
+        cache.cache_dir()
+    assert "\n" not in str(info.value)

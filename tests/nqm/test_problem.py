@@ -48,6 +48,13 @@ def test_spectrum_file_errors(tmp_path, text, message):
     assert "\n" not in str(info.value)
 
 
+def test_spectrum_file_that_is_not_text_is_a_user_error(tmp_path):
+    path = tmp_path / "eig.bin"
+    path.write_bytes(b"\xff\xfe\x00\x01")
+    with pytest.raises(BatchlabError, match="not a UTF-8 text file"):
+        spectrum_from_file(path)
+
+
 def test_spectrum_file_reads_one_or_two_columns(tmp_path):
     path = tmp_path / "eig.txt"
     path.write_text("1.0\n0.5  # comment\n0.25\n")

@@ -84,3 +84,14 @@ def test_end_factor_without_decay_steps_needs_total_steps():
         build("sgd", {"end_learning_rate_factor": 0.1})
     with pytest.raises(BatchlabError, match="total_steps must be an integer >= 1"):
         build("sgd", {}, total_steps=0)
+
+
+def test_values_beyond_float32_are_one_line_errors_not_torch_overflows():
+    from batchlab.optim.hyperparameters import FLOAT32_MAX, resolve_hyperparameters
+
+    with pytest.raises(BatchlabError, match=r"learning_rate must be a number > 0 and at most 3\.403e\+38") as info:
+        resolve_hyperparameters("sgd", {"learning_rate": 1e300})
+    assert "\n" not in str(info.value)
+    with pytest.raises(BatchlabError, match="weight_decay"):
+        resolve_hyperparameters("sgd", {"weight_decay": 1e39})
+    assert resolve_hyperparameters("sgd", {"learning_rate": FLOAT32_MAX})["learning_rate"] == FLOAT32_MAX

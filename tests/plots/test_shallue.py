@@ -141,4 +141,8 @@ def test_save_figure_is_atomic_and_checks_the_suffix(tmp_path):
         save_figure(fig, tmp_path / "steps.jpg")
     with pytest.raises(BatchlabError, match="does not exist"):
         save_figure(fig, tmp_path / "missing" / "steps.png")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["steps.png"]
+    (tmp_path / "folder.png").mkdir()
+    with pytest.raises(BatchlabError, match="is an existing directory"):
+        save_figure(fig, tmp_path / "folder.png")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder.png", "steps.png"]
+    assert list((tmp_path / "folder.png").iterdir()) == []

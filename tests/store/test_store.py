@@ -24,6 +24,41 @@ def test_open_missing_store_is_a_user_error(tmp_path):
         Store.open(tmp_path / "full", create=True)
 
 
+@pytest.mark.parametrize("marker", [b"garbage", b"[1]", b"\xff\xfe"])
+def test_unreadable_marker_is_a_one_line_user_error(tmp_path, marker):
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "batchlab-store.json").write_bytes(marker)
+    with pytest.raises(BatchlabError, match="not a readable batchlab store") as info:
+        Store.open(tmp_path / "s")
+    assert "\n" not in str(info.value)
+
+
+def test_creating_a_store_below_a_file_is_a_user_error(tmp_path):
+    (tmp_path / "afile").write_text("keep")
+    with pytest.raises(BatchlabError, match="cannot create a store at"):
+        Store.open(tmp_path / "afile" / "store", create=True)
+    assert (tmp_path / "afile").read_text() == "keep"
+
+
+def test_store_without_its_log_is_reported_damaged(tmp_path):
+    Store.open(tmp_path / "s", create=True)
+    (tmp_path / "s" / "log").rmdir()
+    with pytest.raises(BatchlabError, match="damaged: its log/ directory is missing"):
+        Store.open(tmp_path / "s")
+
+
+def test_unreadable_log_entry_is_reported_damaged(tmp_path):
+    store = Store.open(tmp_path / "s", create=True)
+    w = writer(store)
+    w.record(0, {"val/classification_error": 0.9})
+    assert w.finish(status="COMPLETE", steps=1) is True
+    entries = sorted((tmp_path / "s" / "log").glob("*.json"))
+    assert entries
+    entries[-1].write_bytes(b"{truncated")
+    with pytest.raises(BatchlabError, match=f"damaged: log entry {entries[-1].name} is not valid JSON"):
+        Store.open(tmp_path / "s").connect()
+
+
 def test_views_have_the_documented_columns(store):
     con = store.connect()
     for name, columns in VIEW_COLUMNS.items():

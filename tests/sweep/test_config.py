@@ -86,3 +86,31 @@ def test_scheduler_means_dask_and_workers_default_to_cores():
     config = SweepConfig(workloads=["w"], optimizers=["sgd"], batch_sizes=[1], trials=1, scheduler="tcp://127.0.0.1:8786")
     assert config.uses_dask
     assert config.resolved_workers() >= 1
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"batch_sizes": [True]}, "field 'batch_sizes.0': Input should be a valid integer"),
+        ({"trials": True}, "field 'trials': Input should be a valid integer"),
+        ({"steps": 2.0}, "field 'steps': Input should be a valid integer"),
+        ({"budgets": {"16": True}}, "field 'budgets.16': Input should be a valid integer"),
+        ({"stop_at_goal": "yes"}, "field 'stop_at_goal': Input should be a valid boolean"),
+        ({"goal": float("nan")}, "field 'goal': must be a finite number, got nan"),
+        ({"goal": float("inf")}, "field 'goal': must be a finite number, got inf"),
+        ({"goal": True}, "field 'goal': must be a finite number, got True"),
+        ({"grow_factor": float("nan")}, "field 'grow_factor': must be a finite number"),
+    ],
+)
+def test_booleans_and_non_finite_numbers_are_not_silently_coerced(change, expected):
+    data = {"workloads": ["mnist/fc_64_64_64"], "optimizers": ["sgd"], "batch_sizes": [16, 64], "trials": 2}
+    data.update(change)
+    with pytest.raises(BatchlabError) as info:
+        parse_sweep_config(data, source="s.toml")
+    assert "\n" not in str(info.value) and expected in str(info.value)
+
+
+def test_integer_and_float_goals_are_accepted():
+    data = {"workloads": ["mnist/fc_64_64_64"], "optimizers": ["sgd"], "batch_sizes": [16], "trials": 2}
+    assert parse_sweep_config({**data, "goal": 0}).goal == 0.0
+    assert parse_sweep_config({**data, "goal": 0.05, "grow_factor": 3}).grow_factor == 3.0

@@ -118,3 +118,67 @@ def test_rerun_with_another_goal_only_re_summarizes(tiny_baseline):
     assert set(fit["critical_batch_sizes"]) == {"mccandlish_b_crit", "overhead_20pct", "perfect_scaling_end",
                                                 "maximal_parallelism_start"}
     assert store_contents(path) == base_contents
+
+
+def test_search_space_values_the_optimizer_rejects_fail_before_the_store_is_created(tmp_path):
+    import pytest
+
+    from batchlab.errors import BatchlabError
+    from batchlab.sweep.config import parse_sweep_config
+
+    store = tmp_path / "store"
+    config = parse_sweep_config({
+        "workloads": ["mnist/fc_64_64_64"], "optimizers": ["sgd"], "batch_sizes": [8], "trials": 2,
+        "steps": 3, "train_examples": 256,
+        "search_spaces": {"sgd": {"weight_decay": {"type": "DOUBLE", "min_value": -0.5, "max_value": -0.1,
+                                                   "scale": "LINEAR_SCALE"}}},
+    })
+    with pytest.raises(BatchlabError, match=r"^search space of sgd: hyperparameter weight_decay must be a number >= 0"):
+        prepare_sweep(config, str(store))
+    assert not store.exists()
+
+
+def test_unreachable_dask_scheduler_is_one_line_error():
+    import pytest
+
+    from batchlab.errors import BatchlabError
+    from batchlab.sweep.executors import DaskExecutor
+
+    with pytest.raises(BatchlabError, match=r"^cannot reach the Dask scheduler tcp://127\.0\.0\.1:1 .*allowed:") as info:
+        DaskExecutor(lambda task: task, scheduler="tcp://127.0.0.1:1", connect_timeout="1s")
+    assert "\n" not in str(info.value)
+
+
+def test_executor_failure_leaves_no_store(tmp_path):
+    import pytest
+
+    from batchlab.errors import BatchlabError
+
+    def refuse(fn, **kw):
+        raise BatchlabError("cannot reach the Dask scheduler")
+
+    store = tmp_path / "store"
+    plan = prepare_sweep(tiny_config(), str(store))
+    with pytest.raises(BatchlabError):
+        run_sweep(plan, executor_factory=refuse)
+    assert not store.exists()
+
+
+def test_grown_rounds_of_another_grow_factor_are_refused_before_running(tmp_path):
+    import pytest
+
+    from batchlab.errors import BatchlabError
+    from batchlab.sweep.config import parse_sweep_config
+    from batchlab.sweep.executors import InlineExecutor
+
+    settings = {"workloads": ["mnist/fc_64_64_64"], "optimizers": ["sgd"], "batch_sizes": [8], "trials": 1,
+                "steps": 2, "train_examples": 256, "grow_budget": True, "max_budget_growths": 1,
+                "stop_at_goal": False}
+    store = str(tmp_path / "store")
+    summary = run_sweep(prepare_sweep(parse_sweep_config(settings), store),
+                        executor_factory=lambda fn, **kw: InlineExecutor(fn))
+    assert [g["to_steps"] for g in summary.grown] == [4]  # round 1 (trial id 100000) is in the store
+    prepare_sweep(parse_sweep_config(settings), store)  # the same settings resume
+    other = parse_sweep_config({**settings, "grow_factor": 3.0})  # same round 0, another round 1
+    with pytest.raises(BatchlabError, match="already holds trial 100000 of mnist/fc_64_64_64/sgd"):
+        prepare_sweep(other, store)

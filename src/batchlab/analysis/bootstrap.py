@@ -108,16 +108,18 @@ def bootstrap_critical_batch_size(
             for trials that never reached the goal; an empty array is a batch size without trials.
         n_boot: number of bootstrap replicates (>= 1).
         level: nominal coverage of the percentile intervals, in (0, 1).
-        seed: seed of the resampling (``numpy.random.default_rng``).
+        seed: seed of the resampling (``numpy.random.default_rng``), an integer >= 0.
         tolerance: regime tolerance passed to the named critical batch sizes and regimes.
 
     Raises:
-        BatchlabError: bad ``n_boot``/``level``, or fewer than two batch sizes reached the goal.
+        BatchlabError: bad ``n_boot``/``level``/``seed``, or fewer than two batch sizes reached the goal.
     """
     if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 1:
         raise BatchlabError(f"n_boot must be a positive integer, got {n_boot!r}")
     if not 0 < level < 1:
         raise BatchlabError(f"level must be in (0, 1), got {level}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise BatchlabError(f"seed must be an integer >= 0, got {seed!r}")
     batch_sizes = np.array(sorted(int(b) for b in trial_steps), dtype=float)
     per_batch = [np.asarray(trial_steps[int(b)], dtype=float) for b in batch_sizes]
     point_steps = np.array([s.min() if s.size else np.inf for s in per_batch])

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 
-from batchlab.analysis.selection import metric_names, workload_names
+from batchlab.analysis.selection import metric_names, unknown_workload_error, workload_names
 from batchlab.analysis.tables import TRIAL_STATUSES
 from batchlab.errors import BatchlabError, unknown_name_error
 
@@ -141,7 +141,7 @@ def _check(con, workload, metric, statuses, **integers) -> None:
             raise unknown_name_error("trial status", str(status), TRIAL_STATUSES)
     known = workload_names(con)
     if workload not in known:
-        raise unknown_name_error("workload", workload, known)
+        raise unknown_workload_error(workload, known)
     metrics = metric_names(con, workload)
     if metric not in metrics:
         raise BatchlabError(f"workload {workload!r}: {unknown_name_error('metric', metric, metrics)}")

@@ -50,7 +50,15 @@ class StepsCurve:
     def from_points(
         cls, points: Iterable[tuple[int, int | None]], label: str = "", metadata: dict | None = None
     ) -> "StepsCurve":
-        """Build a curve from ``(batch_size, steps_or_None)`` pairs in any order."""
+        """Build a curve from ``(batch_size, steps_or_None)`` pairs in any order.
+
+        Batch sizes must be whole numbers (``4`` or ``4.0``); a fractional one raises
+        :class:`BatchlabError` rather than being truncated.
+        """
+        points = list(points)
+        fractional = [b for b, _ in points if not float(b).is_integer()]
+        if fractional:
+            raise BatchlabError(f"steps curve {label!r}: batch sizes must be whole numbers, got {fractional}")
         ordered = sorted((int(b), None if s is None else int(s)) for b, s in points)
         return cls(
             batch_sizes=tuple(b for b, _ in ordered),

@@ -68,6 +68,14 @@ def workload_names(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [row[0] for row in con.execute("SELECT DISTINCT workload FROM workloads ORDER BY workload").fetchall()]
 
 
+def unknown_workload_error(workload: str, known) -> BatchlabError:
+    """The one-line error for a workload not in the store (saying so when the store has none)."""
+    known = list(known)
+    if not known:
+        return BatchlabError(f"unknown workload {workload!r}: the store has no workloads yet (import or train some first)")
+    return unknown_name_error("workload", workload, known)
+
+
 def metric_names(con: duckdb.DuckDBPyConnection, workload: str) -> list[str]:
     """Every metric measured for ``workload``, sorted (a scan of that workload's measurements)."""
     rows = con.execute(
@@ -83,7 +91,7 @@ def check_selection(con: duckdb.DuckDBPyConnection, selection: Selection) -> Non
     """
     known = workload_names(con)
     if selection.workload not in known:
-        raise unknown_name_error("workload", selection.workload, known)
+        raise unknown_workload_error(selection.workload, known)
     found = con.execute(
         "SELECT 1 FROM measurements WHERE workload = ? AND metric = ? LIMIT 1", [selection.workload, selection.metric]
     ).fetchone()

@@ -36,8 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchlab.analysis.curve import StepsCurve
-from batchlab.analysis.selection import Selection, check_selection, workload_names
-from batchlab.errors import unknown_name_error
+from batchlab.analysis.selection import Selection, check_selection, unknown_workload_error, workload_names
 
 
 @dataclass(frozen=True)
@@ -162,7 +161,7 @@ def steps_to_result_many(
         known = set(workloads)
         for selection in selections:
             if selection.workload not in known:
-                raise unknown_name_error("workload", selection.workload, known)
+                raise unknown_workload_error(selection.workload, known)
     rows = _query(con, selections, _BEST_SQL, workloads=workloads)
     results: list[list[BatchSizeResult]] = [[] for _ in selections]
     for sel_id, batch_size, steps, trial_id, value, parameters, n_trials, n_reached in rows:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from contextlib import contextmanager
 from typing import Optional
 
 import typer
@@ -50,13 +51,25 @@ def _problem(preset: str, power_law: Optional[str], dim: Optional[int], spectrum
     return nqm_problem.preset(preset)
 
 
+@contextmanager
+def _fits_in_memory(problem):
+    """Turn running out of memory on a too-large problem into a one-line user error."""
+    try:
+        yield
+    except MemoryError:
+        raise BatchlabError(
+            f"problem {problem.name!r} ({problem.curvature.size} eigenvalues) needs more memory than this machine has; "
+            "use a smaller --dim or a binned --spectrum"
+        ) from None
+
+
 def _batch_sizes(text: str) -> list[float]:
     try:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise BatchlabError(f"--batch-sizes must be comma-separated numbers > 0, got {text!r}") from None
-    if not values or any(not v > 0 for v in values):
-        raise BatchlabError(f"batch sizes must be > 0, got {text!r}")
+    if not values or any(not 0 < v < float("inf") for v in values):
+        raise BatchlabError(f"batch sizes must be > 0 and finite, got {text!r}")
     return sorted(set(values))
 
 
@@ -78,10 +91,16 @@ def _rows_for_sweep(problem, algorithm, batch_sizes, target, grid, schedule, max
         if algorithm.name != "sgd":
             raise BatchlabError(f"schedule pwc:K is implemented for --optimizer sgd only, got {algorithm.name!r}")
         constant = tune(problem, algorithm, batch_sizes, target, grid="official", max_steps=max_steps)
+        # --max-steps bounds the whole schedule: pieces * piece_length <= max_steps
+        limit = {} if max_steps is None else {"max_piece_length": max_steps // pieces}
         rows = []
         for point in constant:
             upper = None if point.result.steps is None else -(-point.result.steps // pieces)
-            res = optimal_pwc_sgd(problem, algorithm.precondition, point.batch_size, target, pieces, upper_k=upper)
+            if upper is not None and limit:
+                upper = min(upper, limit["max_piece_length"])
+            res = optimal_pwc_sgd(
+                problem, algorithm.precondition, point.batch_size, target, pieces, upper_k=upper, **limit
+            )
             rows.append(
                 {
                     "batch_size": int(point.batch_size) if float(point.batch_size).is_integer() else point.batch_size,
@@ -125,7 +144,7 @@ def _fit_summary(rows: list[dict], label: str) -> dict:
     from batchlab.analysis.critical_batch_size import summarize_curve
     from batchlab.analysis.curve import StepsCurve
 
-    curve = StepsCurve.from_points([(int(r["batch_size"]), r["steps"]) for r in rows], label=label)
+    curve = StepsCurve.from_points([(r["batch_size"], r["steps"]) for r in rows], label=label)
     return summarize_curve(curve)
 
 
@@ -155,9 +174,10 @@ def sweep(
     problem = _problem(preset, power_law, dim, spectrum)
     if notebook_fudge and (algorithm.name != "sgd" or schedule != "constant"):
         raise BatchlabError("--notebook-fudge applies to --optimizer sgd with --schedule constant only")
-    rows = _rows_for_sweep(
-        problem, algorithm, _batch_sizes(batch_sizes), target, grid, schedule, max_steps, notebook_fudge
-    )
+    with _fits_in_memory(problem):
+        rows = _rows_for_sweep(
+            problem, algorithm, _batch_sizes(batch_sizes), target, grid, schedule, max_steps, notebook_fudge
+        )
     common = {"problem": problem.name, "optimizer": optimizer, "precondition": precondition, "target": target}
     summary = None
     if fit:
@@ -205,7 +225,8 @@ def fit_command(
 
     algorithm = Algorithm(optimizer, precondition)
     problem = _problem(preset, power_law, dim, spectrum)
-    rows = _rows_for_sweep(problem, algorithm, _batch_sizes(batch_sizes), target, grid, schedule, max_steps)
+    with _fits_in_memory(problem):
+        rows = _rows_for_sweep(problem, algorithm, _batch_sizes(batch_sizes), target, grid, schedule, max_steps)
     summary = _fit_summary(rows, f"{optimizer} p={precondition:g} target={target:g}")
     if as_json:
         print(json.dumps(summary))
@@ -236,8 +257,8 @@ def curve(
 
     algorithm = Algorithm(optimizer, precondition)
     problem = _problem(preset, power_law, dim, spectrum)
-    if not batch_size > 0:
-        raise BatchlabError(f"batch size must be > 0, got {batch_size:g}")
+    if not 0 < batch_size < float("inf"):
+        raise BatchlabError(f"batch size must be > 0 and finite, got {batch_size:g}")
     if steps < 1:
         raise BatchlabError(f"--steps must be >= 1, got {steps}")
     if every not in ("1", "log"):
@@ -246,15 +267,20 @@ def curve(
         raise BatchlabError(f"optimizer {optimizer!r} needs --momentum")
     if algorithm.uses_ema and ema_decay is None:
         raise BatchlabError(f"optimizer {optimizer!r} needs --ema-decay")
-    rec = moment_recurrence(problem, algorithm, learning_rate, momentum, ema_decay)
-    if every == "log":
-        at = np.unique(np.concatenate([[0], np.round(np.geomspace(1, steps, 200)).astype(np.int64)]))
-        losses = losses_at_steps(rec, batch_size, at)[0]
-    else:
-        if steps > 20_000_000:
-            raise BatchlabError(f"--steps {steps} is too many for every step; use --every log")
-        at = np.arange(steps + 1)
-        losses = dense_losses(rec, batch_size, steps)[0]
+    if momentum is not None and not algorithm.uses_momentum:
+        raise BatchlabError(f"--momentum does not apply to optimizer {optimizer!r}; use momentum or nesterov (+ema)")
+    if ema_decay is not None and not algorithm.uses_ema:
+        raise BatchlabError(f"--ema-decay does not apply to optimizer {optimizer!r}; use ema, momentum+ema or nesterov+ema")
+    if every == "1" and steps > 20_000_000:
+        raise BatchlabError(f"--steps {steps} is too many for every step; use --every log")
+    with _fits_in_memory(problem):
+        rec = moment_recurrence(problem, algorithm, learning_rate, momentum, ema_decay)
+        if every == "log":
+            at = np.unique(np.concatenate([[0], np.round(np.geomspace(1, steps, 200)).astype(np.int64)]))
+            losses = losses_at_steps(rec, batch_size, at)[0]
+        else:
+            at = np.arange(steps + 1)
+            losses = dense_losses(rec, batch_size, steps)[0]
     if as_json:
         out = sys.stdout
         for t, loss in zip(at.tolist(), losses.tolist()):

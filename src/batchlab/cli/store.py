@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -83,8 +84,14 @@ def import_batch_science(
     studies = find_studies(path)  # check the release before creating the store
     if not studies:
         raise BatchlabError(f"no studies (batch size directories with study.json) under {path}")
-    report = run_import(Store.open(store, create=True), path, skip_bad=skip_bad, jobs=jobs,
-                        studies=studies)
+    existed = store.exists()
+    target = Store.open(store, create=True)
+    try:
+        report = run_import(target, path, skip_bad=skip_bad, jobs=jobs, studies=studies)
+    except BatchlabError:
+        if not existed and target.state().seq == 0:
+            shutil.rmtree(store, ignore_errors=True)  # a failed import leaves no new, empty store behind
+        raise
     for skipped_path, problem in report.skipped:
         print(f"skipped: {skipped_path}: {problem}", file=sys.stderr)
     if as_json:

@@ -17,16 +17,23 @@ from typing import BinaryIO
 
 import numpy as np
 
+from batchlab.errors import BatchlabError
+
 
 def cache_dir() -> Path:
-    """Return the batchlab cache directory (created if missing)."""
+    """Return the batchlab cache directory (created if missing); BatchlabError if it cannot be."""
     root = os.environ.get("BATCHLAB_CACHE")
     if root:
         path = Path(root).expanduser()
     else:
         xdg = os.environ.get("XDG_CACHE_HOME")
         path = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "batchlab"
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file in the way, no permission, read-only file system
+        raise BatchlabError(
+            f"cannot use {str(path)!r} as the data cache ({exc.strerror}); set BATCHLAB_CACHE to a writable directory"
+        ) from None
     return path
 
 

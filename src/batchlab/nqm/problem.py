@@ -152,15 +152,18 @@ def from_eigenvalues(eigenvalues, noise=None, name: str = "spectrum") -> Problem
 
 
 def spectrum_from_file(path: str | Path) -> Problem:
-    """Read eigenvalues from a text file: one per line (or whitespace separated), ``#`` comments allowed.
+    """Read eigenvalues from a UTF-8 text file: one eigenvalue per line, ``#`` comments and blank lines allowed.
 
-    A line with two numbers gives ``h c`` (curvature and per-example noise variance); otherwise ``c = h``.
+    Every line has either one number ``h`` (then ``c = h``) or two numbers ``h c`` (curvature and
+    per-example noise variance), separated by whitespace or a comma; all lines have the same form.
     """
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise BatchlabError(f"cannot read spectrum file {str(path)!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise BatchlabError(f"spectrum file {str(path)!r} is not a UTF-8 text file of numbers") from None
     rows = []
     for number, line in enumerate(text.splitlines(), start=1):
         line = line.split("#", 1)[0].strip()

@@ -204,7 +204,7 @@ def steps_curve(points: list[TunedPoint], label: str = "", metadata: dict | None
     """The tuned results as a :class:`batchlab.analysis.curve.StepsCurve` (first-passage convention)."""
     from batchlab.analysis.curve import StepsCurve
 
-    return StepsCurve.from_points([(int(p.batch_size), p.result.steps) for p in points], label=label, metadata=metadata)
+    return StepsCurve.from_points([(p.batch_size, p.result.steps) for p in points], label=label, metadata=metadata)
 
 
 def check_grid(grid: str) -> str:

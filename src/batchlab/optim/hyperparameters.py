@@ -87,6 +87,9 @@ OPTIMIZER_DEFAULTS: dict[str, dict[str, float | int]] = {
     "lamb": {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-6},
 }
 
+#: The largest float32 (``torch.finfo(torch.float32).max``): larger hyperparameters overflow in torch.
+FLOAT32_MAX = 3.4028234663852886e38
+
 INTEGER_NAMES = frozenset(name for name, rule in RULES.items() if rule.integer)
 
 
@@ -128,6 +131,9 @@ def _checked_value(key: str, value: object, may_be_off: bool) -> float | int | N
         allowed = rule.describe() + (" or null (off)" if may_be_off else "")
         raise BatchlabError(f"hyperparameter {key} must be {allowed}, got {value!r}")
     number = float(value)
+    if abs(number) > FLOAT32_MAX:  # torch's float32 optimizers cannot even represent it
+        raise BatchlabError(f"hyperparameter {key} must be {rule.describe()} and at most {FLOAT32_MAX:.4g} "
+                            f"(the float32 range), got {value!r}")
     if not rule.admits(number):
         raise BatchlabError(f"hyperparameter {key} must be {rule.describe()}, got {value!r}")
     return int(number) if rule.integer else number

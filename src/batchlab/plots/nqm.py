@@ -14,6 +14,7 @@ import numpy as np
 
 from batchlab.analysis.critical_batch_size import fit_steps_curve, summarize_curve
 from batchlab.analysis.curve import StepsCurve
+from batchlab.errors import BatchlabError
 
 FIGURES = (
     "training_curves",
@@ -28,8 +29,24 @@ FIGURES = (
 )
 
 
+def figure_directory(out_dir: str | Path) -> Path:
+    """``out_dir`` as a Path, created (with parents) if missing.
+
+    Raises :class:`BatchlabError` (one line) when it cannot be a directory: a file is in the way or it
+    cannot be created.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise BatchlabError(f"figure directory {str(out)!r} is a file, not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BatchlabError(f"cannot use {str(out)!r} as the figure directory: {exc.strerror or exc}") from None
+    return out
+
+
 def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    figure_directory(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
     os.close(fd)
     try:
@@ -260,6 +277,7 @@ def compute_and_draw_nqm_figures(out_dir: str | Path, workers: int = 2) -> tuple
         return {"compute_s": computed - start, "draw_s": end - computed,
                 "compute_cpu_s": computed_cpu - start_cpu, "draw_cpu_s": end_cpu - computed_cpu}
 
+    figure_directory(out_dir)  # fail before the computation, not after it
     start, start_cpu = time.perf_counter(), cpu()
     if workers <= 1:
         data = figure_data(workers=1)

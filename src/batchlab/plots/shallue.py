@@ -46,7 +46,7 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 120) -> Path:
     """Write ``fig`` to ``path`` atomically (temporary file in the same directory, then rename).
 
     The format comes from the suffix (png, pdf or svg). Raises :class:`BatchlabError` for another
-    suffix or a missing directory.
+    suffix, a missing directory, or a path that is a directory.
     """
     path = check_figure_path(path)
     fmt = path.suffix.lower().lstrip(".")
@@ -62,12 +62,15 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 120) -> Path:
 
 
 def check_figure_path(path: str | Path) -> Path:
-    """``path`` as a Path if a figure can be written there: a known suffix and an existing directory."""
+    """``path`` as a Path if a figure can be written there: a known suffix, an existing directory, and
+    not itself a directory."""
     path = Path(path)
     if path.suffix.lower().lstrip(".") not in FORMATS:
         raise BatchlabError(f"figure file {str(path)!r} must end in one of: {', '.join('.' + f for f in FORMATS)}")
     if not path.parent.is_dir():
         raise BatchlabError(f"directory {str(path.parent)!r} for figure {path.name!r} does not exist")
+    if path.is_dir():
+        raise BatchlabError(f"figure file {str(path)!r} is an existing directory; give a file name")
     return path
 
 

@@ -72,7 +72,10 @@ def export_batch_science(store: Store, out: str | Path) -> ExportReport:
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise BatchlabError(f"export target {out} exists and is not an empty directory")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BatchlabError(f"cannot create the export target's directory {out.parent}: {exc.strerror or exc}") from None
     tmp = out.with_name(f".tmp-{uuid.uuid4().hex}-{out.name}")
     report = ExportReport()
     con = store.connect()

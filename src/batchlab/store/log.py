@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchlab.errors import BatchlabError
 from batchlab.store.files import exclusive_lock, fsync_directory, write_bytes_atomic
 from batchlab.store.schema import TABLES
 
@@ -91,7 +92,10 @@ def _read_entry(path: Path) -> dict:
     key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
     entry = _ENTRY_CACHE.get(key)
     if entry is None:
-        entry = json.loads(path.read_bytes())
+        try:
+            entry = json.loads(path.read_bytes())
+        except ValueError:  # bad JSON or bad UTF-8: entries are written atomically, so this is damage
+            raise BatchlabError(f"store {path.parent.parent} is damaged: log entry {path.name} is not valid JSON") from None
         with _ENTRY_CACHE_LOCK:
             if len(_ENTRY_CACHE) >= _ENTRY_CACHE_LIMIT:
                 _ENTRY_CACHE.clear()

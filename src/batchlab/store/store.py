@@ -91,12 +91,19 @@ class Store:
         root = Path(path)
         marker = root / MARKER
         if marker.is_file():
-            info = json.loads(marker.read_text())
+            try:
+                info = json.loads(marker.read_bytes())
+            except (OSError, ValueError):  # ValueError covers bad JSON and bad UTF-8
+                info = None
+            if not isinstance(info, dict):
+                raise BatchlabError(f"{root} is not a readable batchlab store: its {MARKER} is not a JSON object")
             if info.get("version") != FORMAT_VERSION:
                 raise BatchlabError(
                     f"store {root} has format version {info.get('version')!r}; "
                     f"this batchlab reads version {FORMAT_VERSION}"
                 )
+            if not (root / LOG_DIR).is_dir():
+                raise BatchlabError(f"store {root} is damaged: its {LOG_DIR}/ directory is missing")
             return cls(root)
         if root.exists() and not root.is_dir():
             raise BatchlabError(f"store path {root} is a file, not a directory")
@@ -106,7 +113,10 @@ class Store:
             )
         if root.is_dir() and any(p.name != MARKER for p in root.iterdir()):
             raise BatchlabError(f"{root} is a non-empty directory that is not a batchlab store")
-        root.mkdir(parents=True, exist_ok=True)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BatchlabError(f"cannot create a store at {root}: {exc.strerror or exc}") from None
         for sub in [LOG_DIR, PENDING_DIR, *(f"{DATA_DIR}/{t}" for t in TABLES)]:
             (root / sub).mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(

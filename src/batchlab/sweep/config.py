@@ -37,13 +37,15 @@ TOML layout (all keys top level; ``search_spaces`` and ``budgets`` are tables)::
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator,
+                      model_validator)
 
 from batchlab.errors import BatchlabError, unknown_name_error
 
@@ -58,25 +60,36 @@ class SweepConfig(BaseModel):
 
     workloads: list[str] = Field(min_length=1)
     optimizers: list[str] = Field(min_length=1)
-    batch_sizes: list[int] = Field(min_length=1)
-    trials: int = Field(ge=1, le=MAX_TRIALS_PER_STUDY)
+    batch_sizes: list[StrictInt] = Field(min_length=1)
+    trials: StrictInt = Field(ge=1, le=MAX_TRIALS_PER_STUDY)
     store: str | None = None
-    steps: int | None = Field(default=None, ge=1)
-    budgets: dict[int, int] = Field(default_factory=dict)
-    train_examples: int | None = Field(default=None, ge=1)
-    seed: int = Field(default=0, ge=0, lt=2**31)
-    stop_at_goal: bool = True
-    grow_budget: bool = False
+    steps: StrictInt | None = Field(default=None, ge=1)
+    budgets: dict[int, StrictInt] = Field(default_factory=dict)
+    train_examples: StrictInt | None = Field(default=None, ge=1)
+    seed: StrictInt = Field(default=0, ge=0, lt=2**31)
+    stop_at_goal: StrictBool = True
+    grow_budget: StrictBool = False
     grow_factor: float = Field(default=2.0, gt=1.0, le=100.0)
-    max_budget_growths: int = Field(default=2, ge=0, le=10)
+    max_budget_growths: StrictInt = Field(default=2, ge=0, le=10)
     executor: Literal["local", "dask"] = "local"
-    workers: int | None = Field(default=None, ge=1, le=4096)
+    workers: StrictInt | None = Field(default=None, ge=1, le=4096)
     scheduler: str | None = None
-    evaluations: int | None = Field(default=None, ge=1, le=10_000)
+    evaluations: StrictInt | None = Field(default=None, ge=1, le=10_000)
     goal: float | None = None
     vectorize: Literal["auto", "always", "never"] = "auto"
-    vectorize_trials: int = Field(default=16, ge=1, le=1024)
+    vectorize_trials: StrictInt = Field(default=16, ge=1, le=1024)
     search_spaces: dict[str, dict[str, dict[str, Any]]] = Field(default_factory=dict)
+
+    # Counts and switches are strict (TOML ``true`` is not the batch size 1, ``"yes"`` is not a switch);
+    # the two real-valued fields take ints and floats but neither booleans nor non-finite values.
+    @field_validator("goal", "grow_factor", mode="before")
+    @classmethod
+    def _finite_real(cls, value: Any) -> Any:
+        if value is None:
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"must be a finite number, got {value!r}")
+        return value
 
     @field_validator("batch_sizes")
     @classmethod

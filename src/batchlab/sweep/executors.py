@@ -231,7 +231,8 @@ class DaskExecutor(Executor):
 
     kind = "dask"
 
-    def __init__(self, fn: Callable[[Any], Any], workers: int | None = None, scheduler: str | None = None) -> None:
+    def __init__(self, fn: Callable[[Any], Any], workers: int | None = None, scheduler: str | None = None,
+                 connect_timeout: str = "20s") -> None:
         from dask.distributed import Client, LocalCluster
 
         self.fn = fn
@@ -245,7 +246,14 @@ class DaskExecutor(Executor):
             )
             self._client = Client(self._cluster)
         else:
-            self._client = Client(scheduler, timeout="20s")
+            try:
+                self._client = Client(scheduler, timeout=connect_timeout)
+            except (OSError, TimeoutError) as exc:  # refused, unreachable, timed out
+                from batchlab.errors import BatchlabError
+
+                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                raise BatchlabError(f"cannot reach the Dask scheduler {scheduler} ({reason}); "
+                                    "allowed: the address of a running scheduler, or --dask for a local cluster") from None
         self.workers = max(1, sum(w.get("nthreads", 1) for w in self._client.scheduler_info()["workers"].values()))
         self._futures: dict[Any, Any] = {}
         self._as_completed = None

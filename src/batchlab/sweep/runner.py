@@ -100,6 +100,7 @@ def prepare_sweep(config: SweepConfig, store_path: str | None = None) -> SweepPl
             parameter the optimizer does not accept, or trial ids in the store under other keys.
     """
     from batchlab.optim import optimizer_defaults
+    from batchlab.optim.hyperparameters import resolve_hyperparameters
     from batchlab.workloads import get_workload
 
     path = store_path or config.store
@@ -132,8 +133,26 @@ def prepare_sweep(config: SweepConfig, store_path: str | None = None) -> SweepPl
                     f"search space of {study.optimizer} has parameters {unknown} the optimizer does not take; "
                     f"allowed: {', '.join(allowed)}"
                 )
-    _check_store_ids(path, studies)
+        for point in study.points:  # every value a trial will use, checked before anything runs
+            try:
+                resolve_hyperparameters(study.optimizer, point)
+            except BatchlabError as exc:
+                raise BatchlabError(f"search space of {study.optimizer}: {exc}") from None
+    _check_store_ids(path, _studies_with_growths(config, studies))
     return SweepPlan(config=config, store_path=str(path), studies=studies, num_parameters=num_parameters)
+
+
+def _studies_with_growths(config: SweepConfig, studies: list[StudyPlan]) -> list[StudyPlan]:
+    """``studies`` plus every budget round the growth rule may add (what the sweep could ever store)."""
+    if not config.grow_budget:
+        return list(studies)
+    every = []
+    for study in studies:
+        every.append(study)
+        for _ in range(config.max_budget_growths):
+            study = study.grown(config.grow_factor)
+            every.append(study)
+    return every
 
 
 def _check_store_ids(path: str, studies: list[StudyPlan]) -> None:
@@ -184,11 +203,16 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
     reporter = reporter or Reporter()
     config = plan.config
     started = time.perf_counter()
-    store = Store.open(plan.store_path, create=True)
-    finished = store.finished_trial_keys()
     workers = config.resolved_workers()
     factory = executor_factory or make_executor
+    # The executor first: an unreachable scheduler fails before the store is created.
     executor = factory(run_task, workers=workers, dask=config.uses_dask, scheduler=config.scheduler)
+    try:
+        store = Store.open(plan.store_path, create=True)
+        finished = store.finished_trial_keys()
+    except BaseException:
+        executor.abort()
+        raise
 
     progress: dict[tuple[str, int], StudyProgress] = {}
     round_state: dict[tuple[str, int, int], dict] = {}  # per study round: pending keys, outcomes
