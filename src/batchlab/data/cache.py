@@ -10,13 +10,13 @@ content).
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 
+from batchlab.atomic import write_stream_atomic
 from batchlab.errors import BatchlabError
 
 
@@ -37,12 +37,6 @@ def cache_dir() -> Path:
     return path
 
 
-def _current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> Path:
     """Write ``path`` by calling ``write(file)`` on a temporary file beside it, then renaming it.
 
@@ -50,19 +44,7 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> Path:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o666 & ~_current_umask())  # mkstemp makes 0600 files; use the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    return write_stream_atomic(path, write)
 
 
 def save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> Path:

@@ -30,7 +30,6 @@ import io
 import os
 import pickle
 import tarfile
-import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -39,6 +38,7 @@ import numpy as np
 
 from batchlab.data.cache import cache_dir, cached_arrays
 from batchlab.data.splits import SplitArrays
+from batchlab.atomic import write_stream_atomic
 from batchlab.errors import BatchlabError
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
@@ -89,24 +89,21 @@ def download(url: str, destination: str | os.PathLike, md5: str | None = MD5, ti
     """
     destination = Path(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".part", dir=destination.parent)
-    digest = hashlib.md5()
-    try:
-        with os.fdopen(fd, "wb") as out:
-            try:
-                with urllib.request.urlopen(url, timeout=timeout) as response:
-                    for block in iter(lambda: response.read(1 << 20), b""):
-                        digest.update(block)
-                        out.write(block)
-            except (urllib.error.URLError, OSError, ValueError) as exc:
-                reason = getattr(exc, "reason", exc)
-                raise BatchlabError(f"could not download {url} ({reason}); {HOW_TO_GET}") from None
+
+    def fetch(out) -> None:
+        digest = hashlib.md5()
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                for block in iter(lambda: response.read(1 << 20), b""):
+                    digest.update(block)
+                    out.write(block)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise BatchlabError(f"could not download {url} ({reason}); {HOW_TO_GET}") from None
         if md5 is not None and digest.hexdigest() != md5:
             raise BatchlabError(f"download of {url} is corrupt (MD5 {digest.hexdigest()} is not {md5}); {HOW_TO_GET}")
-        os.replace(tmp, destination)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+
+    write_stream_atomic(destination, fetch)
     return destination
 
 

@@ -7,13 +7,13 @@ returns ``{figure name: path}`` plus the critical-batch-size summaries. Files ar
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from batchlab.analysis.critical_batch_size import fit_steps_curve, summarize_curve
 from batchlab.analysis.curve import StepsCurve
+from batchlab.atomic import write_path_atomic
 from batchlab.errors import BatchlabError
 
 FIGURES = (
@@ -47,15 +47,7 @@ def figure_directory(out_dir: str | Path) -> Path:
 
 def _save(fig, path: Path) -> Path:
     figure_directory(path.parent)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=90)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return write_path_atomic(path, lambda tmp: fig.savefig(tmp, dpi=90, format="png"), durable=False)
 
 
 def _curve(entry: dict, label: str) -> StepsCurve:

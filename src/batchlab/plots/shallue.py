@@ -21,8 +21,6 @@ measured curves plot the same way.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,6 +30,7 @@ from matplotlib.ticker import LogLocator
 
 from batchlab.analysis.critical_batch_size import ScalingFit
 from batchlab.analysis.curve import StepsCurve
+from batchlab.atomic import write_stream_atomic
 from batchlab.errors import BatchlabError
 
 FORMATS = ("png", "pdf", "svg")
@@ -50,15 +49,9 @@ def save_figure(fig: Figure, path: str | Path, dpi: int = 120) -> Path:
     """
     path = check_figure_path(path)
     fmt = path.suffix.lower().lstrip(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            fig.savefig(handle, format=fmt, dpi=dpi, bbox_inches="tight")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_stream_atomic(
+        path, lambda handle: fig.savefig(handle, format=fmt, dpi=dpi, bbox_inches="tight"), durable=False
+    )
 
 
 def check_figure_path(path: str | Path) -> Path:

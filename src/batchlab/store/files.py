@@ -11,52 +11,29 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-TMP_PREFIX = ".tmp-"
+from batchlab.atomic import TMP_PREFIX, temporary_path, write_path_atomic, write_stream_atomic
 
-
-def temporary_path(final: Path) -> Path:
-    """A unique temporary name beside ``final`` (same directory, so ``os.replace`` is atomic)."""
-    return final.with_name(f"{TMP_PREFIX}{uuid.uuid4().hex}-{final.name}")
+__all__ = [
+    "TMP_PREFIX", "temporary_path", "write_bytes_atomic", "write_parquet_atomic", "fsync_directory", "exclusive_lock",
+]
 
 
 def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
     """Write ``data`` to ``path`` atomically (temp file, optional fsync, rename)."""
-    tmp = temporary_path(path)
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            if durable:
-                handle.flush()
-                os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_stream_atomic(path, lambda handle: handle.write(data), durable=durable)
 
 
 def write_parquet_atomic(table: pa.Table, path: Path, *, row_group_size: int = 1 << 20,
                          compression: str = "zstd", use_dictionary: bool | list[str] = True) -> None:
     """Write an Arrow table to ``path`` as Parquet, atomically and durably."""
-    tmp = temporary_path(path)
-    try:
-        pq.write_table(table, tmp, compression=compression, row_group_size=row_group_size,
-                       use_dictionary=use_dictionary)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_path_atomic(path, lambda tmp: pq.write_table(table, tmp, compression=compression,
+                                                       row_group_size=row_group_size, use_dictionary=use_dictionary))
 
 
 def fsync_directory(directory: Path) -> None:

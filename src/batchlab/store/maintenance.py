@@ -22,7 +22,6 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,11 +29,11 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from batchlab.atomic import write_path_atomic
 from batchlab.store.files import (
     TMP_PREFIX,
     exclusive_lock,
     fsync_directory,
-    temporary_path,
 )
 from batchlab.store.log import LOCK_FILE, LOG_DIR, CommitPlan, StoreState, commit, read_state
 from batchlab.store.schema import SCHEMAS, STATUSES, TABLES
@@ -83,26 +82,10 @@ def write_measurements_file(store: Store, table: pa.Table) -> str:
     data file (atomically); returns its path relative to the store. The caller sorts (the import
     builds its rows in order; :func:`_merge` sorts with DuckDB)."""
     rel, path = store.new_data_path("measurements")
-    _write_atomic(path, lambda tmp: pq.write_table(
+    write_path_atomic(path, lambda tmp: pq.write_table(
         table.cast(SCHEMAS["measurements"]), tmp, row_group_size=MEASUREMENT_ROW_GROUP_ROWS,
         **_MEASUREMENT_WRITE_OPTIONS))
     return rel
-
-
-def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    """``write(tmp)`` to a temporary name in ``path``'s directory, fsync, then rename to ``path``."""
-    tmp = temporary_path(path)
-    try:
-        write(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _rows(path: Path) -> int:
@@ -135,7 +118,7 @@ def _merge(store: Store, name: str, group: list[str]) -> str:
     stays bounded) and written with the import's layout; the other tables keep their row order."""
     rel, path = store.new_data_path(name)
     if name == "measurements":
-        _write_atomic(path, lambda tmp: _write_sorted_measurements(store, group, tmp))
+        write_path_atomic(path, lambda tmp: _write_sorted_measurements(store, group, tmp))
         return rel
     schema = SCHEMAS[name]
 
@@ -146,7 +129,7 @@ def _merge(store: Store, name: str, group: list[str]) -> str:
                 for i in range(reader.num_row_groups):
                     writer.write_table(reader.read_row_group(i).cast(schema), row_group_size=1 << 20)
 
-    _write_atomic(path, copy)
+    write_path_atomic(path, copy)
     return rel
 
 

@@ -216,7 +216,6 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
 
     progress: dict[tuple[str, int], StudyProgress] = {}
     round_state: dict[tuple[str, int, int], dict] = {}  # per study round: pending keys, outcomes
-    task_progress: dict[str, StudyProgress] = {}
     counters = {"run": 0, "skipped": 0, "lost": 0}
     grown: list[dict] = []
 
