@@ -1,4 +1,3 @@
-import builtins
 
 import numpy as np
 import pytest
