@@ -11,6 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analysis"))
 from analysis_fixtures import trial, write_release  # noqa: E402
 
 from batchlab.cli import main  # noqa: E402
+from cli_runner import run  # noqa: E402
 
 W = "mnist/simple_cnn_base/nesterov_momentum"
 E = "val/classification_error"
@@ -38,17 +39,6 @@ def store_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("store") / "store"
     main(["import", "batch-science", str(root), "--store", str(path), "--json"])
     return path
-
-
-def run(capsys, *args):
-    """Run the CLI in-process; returns (exit code, stdout, stderr)."""
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_steps_to_result_json_lines(capsys, store_dir):

@@ -4,18 +4,7 @@ import sys
 
 import pytest
 
-from batchlab.cli import main
-
-
-def run(capsys, *args):
-    """Run the CLI in-process; returns (exit code, stdout, stderr)."""
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from cli_runner import run  # noqa: E402
 
 
 def test_sweep_json_official_matches_table_d_convention(capsys):

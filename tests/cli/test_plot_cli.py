@@ -9,6 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analysis"))
 from analysis_fixtures import trial, write_release  # noqa: E402
 
 from batchlab.cli import main  # noqa: E402
+from cli_runner import run  # noqa: E402
 
 NESTEROV = "mnist/simple_cnn_base/nesterov_momentum"
 SGD = "mnist/fc_1024/sgd"
@@ -37,16 +38,6 @@ def store_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("store") / "store"
     main(["import", "batch-science", str(root), "--store", str(path), "--json"])
     return path
-
-
-def run(capsys, *args):
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.parametrize(

@@ -6,20 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from batchlab.cli import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "store"))
 from release_trees import make_release  # noqa: E402
-
-
-def run(capsys, *args):
-    try:
-        main(list(map(str, args)))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
+from cli_runner import run  # noqa: E402
 
 
 def test_import_info_compact_export(tmp_path, capsys):
