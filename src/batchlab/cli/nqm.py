@@ -140,6 +140,22 @@ def _print_table(title: str, rows: list[dict], columns: list[str]) -> None:
     Console(width=max(shutil.get_terminal_size().columns, 132)).print(table)
 
 
+def _tuned_rows(preset, power_law, dim, spectrum, optimizer, precondition, batch_sizes, target, grid, schedule,
+                max_steps, notebook_fudge=False):
+    """The problem and the tuned rows (one per batch size) that ``nqm sweep`` and ``nqm fit`` share."""
+    from batchlab.nqm.dynamics import Algorithm
+
+    algorithm = Algorithm(optimizer, precondition)
+    problem = _problem(preset, power_law, dim, spectrum)
+    if notebook_fudge and (algorithm.name != "sgd" or schedule != "constant"):
+        raise BatchlabError("--notebook-fudge applies to --optimizer sgd with --schedule constant only")
+    with _fits_in_memory(problem):
+        rows = _rows_for_sweep(
+            problem, algorithm, _batch_sizes(batch_sizes), target, grid, schedule, max_steps, notebook_fudge
+        )
+    return problem, rows
+
+
 def _fit_summary(rows: list[dict], label: str) -> dict:
     from batchlab.analysis.critical_batch_size import summarize_curve
     from batchlab.analysis.curve import StepsCurve
@@ -168,16 +184,10 @@ def sweep(
     as_json: bool = _JSON,
 ) -> None:
     """Tuned steps to target per batch size (one JSON object per batch size with --json)."""
-    from batchlab.nqm.dynamics import Algorithm
-
-    algorithm = Algorithm(optimizer, precondition)
-    problem = _problem(preset, power_law, dim, spectrum)
-    if notebook_fudge and (algorithm.name != "sgd" or schedule != "constant"):
-        raise BatchlabError("--notebook-fudge applies to --optimizer sgd with --schedule constant only")
-    with _fits_in_memory(problem):
-        rows = _rows_for_sweep(
-            problem, algorithm, _batch_sizes(batch_sizes), target, grid, schedule, max_steps, notebook_fudge
-        )
+    problem, rows = _tuned_rows(
+        preset, power_law, dim, spectrum, optimizer, precondition, batch_sizes, target, grid, schedule, max_steps,
+        notebook_fudge,
+    )
     common = {"problem": problem.name, "optimizer": optimizer, "precondition": precondition, "target": target}
     summary = None
     if fit:
@@ -221,12 +231,9 @@ def fit_command(
     as_json: bool = _JSON,
 ) -> None:
     """Fit S(B) = S_min (1 + B_crit / B) to the tuned curve and print the named critical batch sizes."""
-    from batchlab.nqm.dynamics import Algorithm
-
-    algorithm = Algorithm(optimizer, precondition)
-    problem = _problem(preset, power_law, dim, spectrum)
-    with _fits_in_memory(problem):
-        rows = _rows_for_sweep(problem, algorithm, _batch_sizes(batch_sizes), target, grid, schedule, max_steps)
+    _, rows = _tuned_rows(
+        preset, power_law, dim, spectrum, optimizer, precondition, batch_sizes, target, grid, schedule, max_steps
+    )
     summary = _fit_summary(rows, f"{optimizer} p={precondition:g} target={target:g}")
     if as_json:
         print(json.dumps(summary))
