@@ -1,11 +1,12 @@
 """Store at release scale: import throughput, steps to result for all 35 workloads, peak memory.
 
-Generates a synthetic batch_science release shaped by ``shallue_studies.csv`` (454 studies; trial
-counts times ``--scale``; about 71.6M measurements at scale 1, irregular evaluation steps), imports
-it with ``batchlab.store``, answers steps to result (science.md 3.4: first N COMPLETE trials by id,
-strict comparison, first qualifying step, ties to the lower trial id) for every workload, and
-compares with a baseline run in this process on a subset of studies: the original loader's pandas
-method (read each CSV into pandas, concatenate, filter, group).
+Generates a synthetic batch_science release shaped by ``benchmarks/data/shallue_studies.csv`` (the
+release's 454 studies: workload, batch size and trial counts by status; trial counts times
+``--scale``; about 71.6M measurements at scale 1, irregular evaluation steps), imports it with
+``batchlab.store``, answers steps to result (docs/methods.md, "Steps to result": first N COMPLETE
+trials by id, strict comparison, first qualifying step, ties to the lower trial id) for every
+workload, and compares with a baseline run in this process on a subset of studies: the original
+loader's pandas method (read each CSV into pandas, concatenate, filter, group).
 
     .venv/bin/python benchmarks/store_scale.py --scale 0.05
     .venv/bin/python benchmarks/store_scale.py --scale 1 --workdir /work/tmp/scale   # full size
@@ -37,7 +38,7 @@ from batchlab.store.synthetic_release import (  # noqa: E402
     workload_metrics,
 )
 
-STUDIES_CSV = Path(__file__).resolve().parents[1].parent / "shared" / "shallue_studies.csv"
+STUDIES_CSV = Path(__file__).resolve().parent / "data" / "shallue_studies.csv"  # in the repository
 SMALL_N = ("lm1b/lstm/", "common_crawl/transformer_base/", "lm1b/transformer_shallow/sgd")
 
 

@@ -9,6 +9,9 @@ in the same process.
    once evaluating only at the last step (the training loop alone).
 3. Per-trial overhead of the Dask executor (a loopback LocalCluster) against the local pool: the
    same one-step trials through both, one worker each; plus the bare dispatch cost of a no-op task.
+4. ``--only budget``: what the default budget rule (docs/methods.md, "Sweeps") gives each batch size
+   of a 2^0..2^14 sweep, and the sweep's training cost (examples) against one fixed budget of the
+   workload's ``default_steps`` at every batch size (no training; arithmetic from the rule).
 
 Run: ``OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/sweep_throughput.py [--quick]``
 """
@@ -154,10 +157,33 @@ def dask_overhead(n_trials: int) -> None:
           f"dask {1000 * walls['dask no-op'] / n_trials:.2f} ms per task")
 
 
+def budget_rule() -> None:
+    """Step budgets of the default rule against a fixed budget, per workload (no training)."""
+    from batchlab.sweep.config import parse_sweep_config
+    from batchlab.workloads import get_workload
+
+    batch_sizes = [2**k for k in range(15)]
+    for name in ("mnist/fc_64_64_64", "mnist/simple_cnn_base", "shakespeare/lstm_char"):
+        workload = get_workload(name)
+        fits = [b for b in batch_sizes if b <= workload.split_sizes["train"]]
+        config = parse_sweep_config({"workloads": [name], "optimizers": ["sgd"], "batch_sizes": fits, "trials": 1})
+        steps = {b: config.study_steps(workload, b) for b in fits}
+        rule = config.budget_rule(workload)
+        ruled = sum(s * b for b, s in steps.items())
+        fixed = sum(workload.default_steps * b for b in fits)
+        updates = sum(steps.values())
+        fixed_updates = workload.default_steps * len(fits)
+        shown = ", ".join(f"{b}:{s}" for b, s in steps.items())
+        print(f"budget: {name}: examples {rule['examples']}, min_steps {rule['min_steps']}: steps(B) {shown}; "
+              f"against {workload.default_steps} steps everywhere: training examples {ruled:.3g} vs {fixed:.3g} "
+              f"({ruled / fixed:.3f}x), updates {updates} vs {fixed_updates} ({updates / fixed_updates:.2f}x; "
+              "small batch sizes, where a CPU step costs about the same whatever B, dominate the updates)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
-    parser.add_argument("--only", choices=["workers", "vectorized", "rule", "dask"], default=None)
+    parser.add_argument("--only", choices=["workers", "vectorized", "rule", "dask", "budget"], default=None)
     args = parser.parse_args()
     q = args.quick
     if args.only in (None, "workers"):
@@ -168,6 +194,8 @@ def main() -> None:
         vectorize_rule(k=4 if q else 16, steps=20 if q else 100)
     if args.only in (None, "dask"):
         dask_overhead(n_trials=5 if q else 20)
+    if args.only in (None, "budget"):
+        budget_rule()
 
 
 if __name__ == "__main__":

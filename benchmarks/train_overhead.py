@@ -12,9 +12,12 @@ full 55,000-example MNIST training set, SGD at a small learning rate, it prints 
   (``TrialResult.evaluation_*``: its one evaluation, at the last step, and the publish). This is the
   trainer's own cost: building model and optimizer, sampling batches, updates, divergence checks.
 * ``default``: plain / a whole trial at the workload's default step budget with its default
-  evaluation plan (schedule dense early, regular later; the workload's evaluation subsets),
-  evaluations and store included, projected from measured parts:
-  ``budget * loop_step + evaluations * (evaluate + record) + publish`` against ``budget * plain_step``.
+  evaluation plan (every metric at the full steps, dense early and regular later; the workload's
+  evaluation subsets; the goal is not reached at this learning rate, so the default ``replay`` of
+  the goal's bracket at the resolution steps never runs), evaluations and store included, projected
+  from measured parts: ``budget * loop_step + evaluations * (evaluate + record) + publish`` against
+  ``budget * plain_step``. ``benchmarks/eval_resolution.py`` measures what the resolution steps add
+  (replayed or dense), on whole trials that reach the goal.
 * ``budget10``: the same with ``TrialSpec(eval_budget=0.1)`` (``--eval-budget 0.1``): the plan of
   :func:`batchlab.train.evaluation.budgeted_plan`, each of its evaluations measured as it runs.
 * ``GFLOP/s`` and ``of mm``: the model's FLOP/s in the plain loop (matmul/conv FLOPs of forward +
@@ -102,7 +105,9 @@ def default_plan(workload, data, total_steps: int) -> EvaluationPlan:
     sizes = {"train": len(data.train_x), "val": len(data.val_x)}
     examples = {k: n if workload.eval_examples.get(k) is None else min(n, workload.eval_examples[k])
                 for k, n in sizes.items()}
-    return EvaluationPlan(workload.evaluation_steps(total_steps), examples)
+    # the default refine mode, replay, measures the goal at the resolution steps only inside the bracket
+    # where the goal is first met (none here: the trials run at a small learning rate)
+    return EvaluationPlan(workload.full_evaluation_steps(total_steps), examples, [], workload.goal_split)
 
 
 class EvaluationCost:
@@ -116,7 +121,7 @@ class EvaluationCost:
     def __call__(self, examples: dict[str, int]) -> float:
         key = tuple(sorted(examples.items()))
         if key not in self._seconds:
-            cut = subset_splits(self.splits, examples)
+            cut = subset_splits({k: v for k, v in self.splits.items() if k in examples}, examples)
             best = float("inf")
             for _ in range(2):
                 start = time.process_time()
@@ -191,7 +196,8 @@ def main() -> None:
         metrics = measure(workload, workload.build_model(seed=0), subset_splits(evaluation_cpu.splits, {"train": 10, "val": 10}))
         store = store_costs(name, metrics)
         print(f"\n{name}: {per_example / 1e6:.2f} MFLOP per example (forward + backward); default budget {budget} "
-              f"steps, {len(plan.steps)} evaluations of {plan.examples}, each {evaluation_cpu(plan.examples):.3f} CPU s")
+              f"steps, {len(plan.steps)} evaluations of {plan.examples}, each {evaluation_cpu(plan.examples):.3f} CPU s, "
+              f"and {len(plan.goal_only_steps())} of the goal split alone")
         print(f"  store: record {store['record_wall'] * 1e3:.2f} ms wall ({store['record_cpu'] * 1e3:.2f} ms CPU); "
               f"publish {store['publish_wall'] * 1e3:.1f} ms wall ({store['publish_cpu'] * 1e3:.1f} ms CPU); "
               f"first publish of the process {store['first_publish_wall']:.3f} s wall")
@@ -210,13 +216,16 @@ def main() -> None:
             plain_step, loop_step = min(plain_s) / steps, min(loop_s) / steps
             row = []
             for chosen in (plan, budgeted_plan(plan, EVAL_BUDGET, batch_size, budget)):
-                evaluating = len(chosen.steps) * (evaluation_cpu(chosen.examples) + store["record_wall"]) + store["publish_wall"]
+                goal_only = {chosen.goal_split: chosen.examples[chosen.goal_split]}
+                evaluating = (len(chosen.steps) * (evaluation_cpu(chosen.examples) + store["record_wall"])
+                              + len(chosen.goal_only_steps()) * (evaluation_cpu(goal_only) + store["record_wall"])
+                              + store["publish_wall"])
                 projected = budget * loop_step + evaluating
                 row.append((budget * plain_step / projected, evaluating / projected, chosen))
             (default_ratio, default_share, _), (budget_ratio, budget_share, thin) = row
             gflops = per_example * batch_size / plain_step / 1e9
             ratios.append((plain_step / loop_step, default_ratio, budget_ratio))
-            described = f"{len(thin.steps)} evals x {thin.examples['train']}+{thin.examples['val']} ex"
+            described = f"{len(thin.steps)}+{len(thin.goal_only_steps())} evals x {thin.examples['train']}+{thin.examples['val']} ex"
             print(f"{batch_size:>5} {steps:>5} {batch_size / plain_step:>11.0f} {plain_step / loop_step:>6.3f} "
                   f"{default_ratio:>8.3f} {100 * default_share:>5.1f}% {budget_ratio:>8.3f} {100 * budget_share:>5.1f}%  "
                   f"{described:<34} {gflops:>8.2f} {gflops * 1e9 / mm:>6.1%}")

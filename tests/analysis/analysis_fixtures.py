@@ -5,20 +5,25 @@ import json
 import pandas as pd
 
 
-def trial(workload, batch_size, trial_id, rows, status="COMPLETE", **parameters):
-    """One trial: ``rows`` is a list of ``(step, {metric: value})``."""
+def trial(workload, batch_size, trial_id, rows, status="COMPLETE", study=None, source="test", **parameters):
+    """One trial: ``rows`` is a list of ``(step, {metric: value})``; ``study`` its study id (None: none recorded)."""
     return {
         "workload": workload,
         "batch_size": batch_size,
         "trial_id": trial_id,
         "status": status,
+        "study": study,
+        "source": source,
         "parameters": parameters,
         "rows": rows,
     }
 
 
-def tables_from_trials(trials, extra_studies=()):
-    """The four view tables for ``trials`` (plus empty studies ``(workload, batch_size)``)."""
+def tables_from_trials(trials, extra_studies=(), definitions=None):
+    """The four view tables for ``trials`` (plus empty studies ``(workload, batch_size)``).
+
+    ``definitions``: ``{study_id: definition dict}`` for the studies rows (``{}`` when absent)."""
+    definitions = definitions or {}
     workload_names = sorted({t["workload"] for t in trials} | {w for w, _ in extra_studies})
     workloads = pd.DataFrame(
         [
@@ -26,13 +31,16 @@ def tables_from_trials(trials, extra_studies=()):
             for w in workload_names
         ]
     )
-    study_keys = sorted({(t["workload"], t["batch_size"]) for t in trials} | set(extra_studies))
+    study_keys = sorted({(t["workload"], t["batch_size"], t.get("study") or "") for t in trials}
+                        | {(w, b, "") for w, b in extra_studies})
     studies = pd.DataFrame(
         [
-            {"workload": w, "batch_size": b, "search_space": "{}", "train_steps": 100, "early_stopping": False}
-            for w, b in study_keys
-        ]
-    )
+            {"workload": w, "batch_size": b, "study_id": s or None, "search_space": "{}", "train_steps": 100,
+             "early_stopping": False, "definition": json.dumps(definitions.get(s, {})) if s else None}
+            for w, b, s in study_keys
+        ],
+        columns=["workload", "batch_size", "study_id", "search_space", "train_steps", "early_stopping", "definition"],
+    ).astype({"study_id": "object", "definition": "object"})
     trial_rows, measurement_rows = [], []
     for t in trials:
         steps = max((step for step, _ in t["rows"]), default=0)
@@ -42,11 +50,12 @@ def tables_from_trials(trials, extra_studies=()):
                 "batch_size": t["batch_size"],
                 "trial_id": t["trial_id"],
                 "trial_key": f"{t['workload']}/{t['batch_size']}/{t['trial_id']}",
+                "study_id": t.get("study"),
                 "parameters": json.dumps(t["parameters"]),
                 "status": t["status"],
                 "steps": steps,
                 "seed": 0,
-                "source": "test",
+                "source": t.get("source", "test"),
             }
         )
         for step, metrics in t["rows"]:
@@ -61,13 +70,14 @@ def tables_from_trials(trials, extra_studies=()):
                         "value": float(value),
                     }
                 )
-    trials_df = pd.DataFrame(trial_rows).astype({"batch_size": "int64", "trial_id": "int64", "steps": "int64"})
+    trials_df = pd.DataFrame(trial_rows).astype(
+        {"batch_size": "int64", "trial_id": "int64", "steps": "int64", "study_id": "object"})
     measurements = pd.DataFrame(measurement_rows).astype({"batch_size": "int64", "trial_id": "int64", "step": "int64"})
     return {"workloads": workloads, "studies": studies, "trials": trials_df, "measurements": measurements}
 
 
 def write_release(root, trials, train_steps=100, parameter_configs=None):
-    """Write ``trials`` as a batch_science release tree under ``root`` (science.md 3.7).
+    """Write ``trials`` as a batch_science release tree under ``root`` (docs/methods.md, "The batch_science release").
 
     ``<dataset>/<model>/<optimizer>/<batch_size>/study.json`` and
     ``<batch_size>/<trial_id>/{metadata.json, measurements.csv}`` (``step`` then one column per

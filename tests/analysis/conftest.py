@@ -8,11 +8,11 @@ from batchlab.analysis.tables import connect_tables
 
 @pytest.fixture
 def make_con():
-    """``make_con(trials, extra_studies=())`` -> a duckdb connection with the four views."""
+    """``make_con(trials, extra_studies=(), definitions=None)`` -> a duckdb connection with the four views."""
     connections = []
 
-    def build(trials, extra_studies=()):
-        con = connect_tables(**tables_from_trials(trials, extra_studies))
+    def build(trials, extra_studies=(), definitions=None):
+        con = connect_tables(**tables_from_trials(trials, extra_studies, definitions))
         connections.append(con)
         return con
 

@@ -71,3 +71,36 @@ def test_budget_errors(con):
         best_measurement(con, W, "val/accuracy")
     with pytest.raises(BatchlabError, match="unknown workload"):
         best_measurement(con, "x/y/z", M)
+
+
+def test_best_measurement_studies_and_trial_counts(make_con):
+    definitions = {"s1": {"batch_size": 4, "train_steps": 100}, "s2": {"batch_size": 4, "train_steps": 10, "sweep": "sw"}}
+    con = make_con(
+        [
+            trial(W, 4, 1, curve([(10, 0.30), (100, 0.05)]), study="s1"),
+            trial(W, 4, 2, curve([(10, 0.20)]), study="s2"),
+            trial(W, 16, 1, curve([(10, 0.10)]), study="s3"),
+        ],
+        definitions=definitions,
+    )
+    with pytest.raises(BatchlabError, match=r"batch size 4: the selected trials come from 2 studies.*--mix-studies"):
+        best_measurement(con, W, M)
+    assert [b.value for b in best_measurement(con, W, M, studies=["s1"])] == [0.05]
+    assert [b.value for b in best_measurement(con, W, M, studies=["sw"])] == [0.20]
+    assert [b.value for b in best_measurement(con, W, M, mix_studies=True)] == [0.05, 0.10]
+    sweep = best_measurement_by_budget(con, W, M, [10, 100], studies=["s1", "s3"])
+    np.testing.assert_array_equal(sweep.best, [[0.30, 0.10], [0.05, 0.10]])
+    with pytest.raises(BatchlabError, match="unknown study 'nope'"):
+        best_measurement(con, W, M, studies=["nope"])
+    # the paper's first-N rule applies to imported release trials only
+    assert [b.value for b in best_measurement(con, W, M, max_trials="auto", mix_studies=True)] == [0.05, 0.10]
+    release = make_con([trial(W, 4, i, curve([(10, 0.5 - i / 1000)]), source="batch_science") for i in range(1, 4)])
+    with pytest.raises(BatchlabError, match="batch size 4 has 3 trials .*fewer than the paper's first 100"):
+        best_measurement(release, W, M, max_trials="auto")
+    assert best_measurement(release, W, M, max_trials="all")[0].value == pytest.approx(0.497)
+
+
+def test_stopped_at_goal_trials_are_analysed_by_default(make_con):
+    con = make_con([trial(W, 4, 1, curve([(10, 0.30), (20, 0.01)]), status="STOPPED_AT_GOAL")])
+    assert best_measurement(con, W, M)[0].value == 0.01
+    assert best_measurement(con, W, M, statuses=("COMPLETE",))[0].value is None

@@ -6,6 +6,7 @@ from analysis_fixtures import trial, write_release
 from batchlab.analysis.budgets import best_measurement
 from batchlab.analysis.steps_to_result import steps_to_result
 from batchlab.cli import main
+from batchlab.errors import BatchlabError
 from batchlab.store import Store
 
 W = "mnist/simple_cnn_base/nesterov_momentum"
@@ -76,3 +77,60 @@ def test_imported_release_best_measurement(con):
         (8, 0.005, 400, 4),
         (32, 0.02, 300, 1),
     ]
+
+
+def test_imported_release_brackets_and_studies(con):
+    results = {r.batch_size: r for r in steps_to_result(con, W, E, 0.01)}
+    # three trials reach at 1999, evaluated before at 130, 7 and 5: the bracket is (5, 1999]
+    assert (results[2].steps, results[2].steps_lower, results[2].censored_at) == (1999, 5, None)
+    assert (results[8].steps, results[8].steps_lower) == (400, 100)
+    assert (results[32].steps, results[32].steps_lower, results[32].censored_at) == (None, None, 300)
+    # one study per batch size, with a recorded id; not mixed
+    assert all(len(r.study_ids) == 1 and not r.mixed_studies for r in results.values())
+
+
+def test_imported_release_auto_trial_count_refuses_too_few(con):
+    with pytest.raises(BatchlabError, match=r"batch size 2 has 3 trials .*the paper's first 100.*--max-trials all"):
+        steps_to_result(con, W, E, 0.01, max_trials="auto")
+
+
+@pytest.fixture(scope="module")
+def synthetic_release(tmp_path_factory):
+    """A synthetic release (batchlab.store.synthetic_release) of two workloads whose paper N differ:
+    the LSTM (N = 50) with 60 and 55 COMPLETE trials, and an MNIST CNN (N = 100) with 104 and 40."""
+    from batchlab.store.synthetic_release import StudyShape, generate_release
+
+    shapes = [
+        StudyShape("lm1b/lstm/nesterov_momentum", 16, 60, 3, 4),
+        StudyShape("lm1b/lstm/nesterov_momentum", 64, 55, 0, 2),
+        StudyShape("mnist/simple_cnn_base/sgd", 32, 104, 2, 2),
+        StudyShape("mnist/simple_cnn_base/sgd", 128, 40, 0, 1),
+    ]
+    root = tmp_path_factory.mktemp("synthetic") / "batch_science"
+    generate_release(root, shapes, total_measurements=60_000)
+    path = tmp_path_factory.mktemp("store") / "store"
+    main(["import", "batch-science", str(root), "--store", str(path), "--json"])
+    connection = Store.open(path).connect()
+    yield connection
+    connection.close()
+
+
+def test_synthetic_release_first_n_complete_trials_like_the_paper(synthetic_release):
+    from batchlab.store.synthetic_release import workload_metrics
+
+    con = synthetic_release
+    lstm = "lm1b/lstm/nesterov_momentum"
+    _, metric, goal, maximize = workload_metrics(lstm)
+    results = steps_to_result(con, lstm, metric, goal, maximize=maximize, max_trials="auto")
+    assert [(r.batch_size, r.n_trials, r.max_trials) for r in results] == [(16, 50, 50), (64, 50, 50)]
+    # the first 50 COMPLETE trials by id: the same as asking for 50 explicitly, with COMPLETE only
+    explicit = steps_to_result(con, lstm, metric, goal, maximize=maximize, max_trials=50, statuses=("COMPLETE",))
+    assert [(r.steps, r.trial_id, r.steps_lower) for r in results] == [(r.steps, r.trial_id, r.steps_lower) for r in explicit]
+    for r in results:
+        assert r.steps is None or 0 <= r.steps_lower < r.steps
+    cnn = "mnist/simple_cnn_base/sgd"
+    _, metric, goal, maximize = workload_metrics(cnn)
+    with pytest.raises(BatchlabError, match=r"batch size 128 has 40 trials .*first 100"):
+        steps_to_result(con, cnn, metric, goal, maximize=maximize, max_trials="auto")
+    results = steps_to_result(con, cnn, metric, goal, maximize=maximize, max_trials="all")
+    assert [(r.batch_size, r.n_trials, r.max_trials) for r in results] == [(32, 104, None), (128, 40, None)]

@@ -35,3 +35,26 @@ def test_unchecked_unknown_metric_is_simply_unreached():
     with pytest.raises(BatchlabError, match="unknown metric 'val/nothing'"):
         steps_to_result_many(con, [Selection(W, "val/nothing", 1.0)])
     assert Selection(W, "m", 1, max_trials=3).describe()["max_trials"] == 3
+
+
+def test_tables_without_study_columns_still_work():
+    # Tables written before study definitions existed lack study_id and definition: they read as NULL.
+    tables = tables_from_trials([trial(W, 4, 1, [(10, {"val/classification_error": 0.005})])])
+    tables["trials"] = tables["trials"].drop(columns=["study_id"])
+    tables["studies"] = tables["studies"].drop(columns=["study_id", "definition"])
+    con = connect_tables(**tables)
+    assert con.execute("SELECT study_id FROM trials").fetchall() == [(None,)]
+    (results,) = steps_to_result_many(con, [Selection(W, "val/classification_error", 0.01)])
+    assert [(r.steps, r.study_ids, r.mixed_studies) for r in results] == [(10, [], False)]
+    with pytest.raises(BatchlabError, match="unknown study 's1': workload 'mnist/fc_1024/sgd' has no recorded study ids"):
+        steps_to_result_many(con, [Selection(W, "val/classification_error", 0.01, studies=("s1",))])
+
+
+def test_study_columns_are_text_and_listed():
+    tables = tables_from_trials([trial(W, 4, 1, [(10, {"val/classification_error": 0.005})], study="abc")],
+                                definitions={"abc": {"batch_size": 4, "sweep": "s"}})
+    con = connect_tables(**tables)
+    assert con.execute("SELECT study_id, definition FROM studies").fetchall() == [("abc", '{"batch_size": 4, "sweep": "s"}')]
+    from batchlab.analysis.selection import study_definitions
+
+    assert study_definitions(con, W) == {"abc": {"batch_size": 4, "sweep": "s"}}

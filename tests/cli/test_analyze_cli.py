@@ -29,8 +29,14 @@ def build_trials():
             hit = int(s * slowdown)
             trials.append(trial(W, b, t, rows([(hit // 3, 0.5), (hit, 0.008), (hit * 2, 0.004)]),
                                 learning_rate=0.01 * b ** 0.5 * t, momentum=0.9))
-    trials.append(trial(W, 256, 1, rows([(100, 0.5), (5000, 0.02)]), learning_rate=1.0, momentum=0.9))
+    # B=256 never reaches the goal; its only trial was evaluated up to step 200 (censored: S > 200).
+    trials.append(trial(W, 256, 1, rows([(100, 0.5), (200, 0.02)]), learning_rate=1.0, momentum=0.9))
     return trials
+
+
+# The fixture is an imported release with 3 trials per batch size: fewer than the paper's 100 that
+# ``--max-trials auto`` (the default) asks for there, so most tests use every trial.
+ALL = ("--max-trials", "all")
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +49,7 @@ def store_dir(tmp_path_factory):
 
 def test_steps_to_result_json_lines(capsys, store_dir):
     code, out, err = run(capsys, "analyze", "steps-to-result", "--store", str(store_dir), "--workload", W,
-                         "--metric", E, "--goal", "0.01", "--json")
+                         "--metric", E, "--goal", "0.01", *ALL, "--json")
     assert code == 0, err
     lines = [json.loads(line) for line in out.splitlines()]
     assert [d["batch_size"] for d in lines] == [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -51,13 +57,17 @@ def test_steps_to_result_json_lines(capsys, store_dir):
     assert first["steps"] == 500 * 17 and first["reached"] is True and first["trial_id"] == 2
     assert first["parameters"] == {"learning_rate": 0.02, "momentum": 0.9}
     assert first["effective_learning_rate"] == pytest.approx(0.2)
+    # the bracket: the three trials reach at 8500, 9350, 11050 after evaluations at a third of that.
+    assert (first["steps_lower"], first["censored_at"]) == (8500 // 3, None)
+    assert first["max_trials"] is None and first["mixed_studies"] is False and len(first["study_ids"]) == 1
     assert lines[-1]["steps"] is None and lines[-1]["reached"] is False and lines[-1]["trial_id"] is None
+    assert (lines[-1]["steps_lower"], lines[-1]["censored_at"]) == (None, 200)
 
 
 def test_steps_to_result_options_reach_the_analysis(capsys, store_dir):
-    base = ["analyze", "steps-to-result", "--store", str(store_dir), "--workload", W, "--metric", E, "--json"]
+    base = ["analyze", "steps-to-result", "--store", str(store_dir), "--workload", W, "--metric", E, "--json", *ALL]
     code, out, _ = run(capsys, *base, "--goal", "0.01", "--max-trials", "1")
-    assert json.loads(out.splitlines()[0])["trial_id"] == 1
+    assert json.loads(out.splitlines()[0])["trial_id"] == 1 and json.loads(out.splitlines()[0])["max_trials"] == 1
     code, out, _ = run(capsys, *base, "--goal", "0.01", "--step-budget", "8000")
     assert [json.loads(line)["steps"] for line in out.splitlines()][:2] == [None, 4500]
     code, out, _ = run(capsys, *base, "--goal", "0.01", "--example-budget", "8500")
@@ -70,26 +80,51 @@ def test_steps_to_result_options_reach_the_analysis(capsys, store_dir):
 
 def test_steps_to_result_table(capsys, store_dir):
     code, out, _ = run(capsys, "analyze", "steps-to-result", "--store", str(store_dir), "--workload", W,
-                       "--metric", E, "--goal", "0.01")
+                       "--metric", E, "--goal", "0.01", *ALL)
     assert code == 0 and "not reached" in out and "8500" in out and "effective lr" in out
+    assert "(2833, 8500]" in out and "> 200" in out
+    assert "every selected trial per batch size" in out and "statuses COMPLETE, STOPPED_AT_GOAL" in out
 
 
 def test_critical_batch_size_json_and_table(capsys, store_dir):
     args = ["analyze", "critical-batch-size", "--store", str(store_dir), "--workload", W, "--metric", E,
-            "--goal", "0.01", "--bootstrap", "50", "--seed", "1"]
+            "--goal", "0.01", "--bootstrap", "50", "--seed", "1", *ALL]
     code, out, err = run(capsys, *args, "--json")
     assert code == 0, err
     (line,) = out.splitlines()
     summary = json.loads(line)
     b_crit = summary["critical_batch_sizes"]["mccandlish_b_crit"]
-    assert b_crit["value"] == pytest.approx(16.0, rel=0.05)
-    assert b_crit["low"] <= b_crit["value"] <= b_crit["high"]
-    assert summary["bootstrap"]["n_boot"] == 50 and summary["bootstrap"]["seed"] == 1
-    assert summary["selection"]["goal"] == 0.01
+    assert b_crit["value"] == pytest.approx(16.0, rel=0.1)
+    assert summary["selection"]["goal"] == 0.01 and summary["selection"]["max_trials"] == "all"
+    assert summary["selection"]["max_trials_used"] is None and summary["selection"]["mixed_studies"] is False
     assert [r["batch_size"] for r in summary["regimes"]][-1] == 256
-    assert summary["regimes"][0]["regime"] == "perfect_scaling"
+    brackets = {r["batch_size"]: r for r in summary["brackets"]}
+    assert (brackets[1]["steps_lower"], brackets[1]["steps"], brackets[256]["censored_at"]) == (2833, 8500, 200)
     code, out, _ = run(capsys, *args)
-    assert code == 0 and "mccandlish_b_crit" in out and "overhead_20pct" in out and "failed fits" in out
+    assert code == 0 and "mccandlish_b_crit" in out and "overhead_20pct" in out
+    assert "rests on: measured batch sizes 1..128" in out and "B0 = 1" in out and "trials: every selected trial" in out
+
+
+@pytest.mark.parametrize("tolerance", ["0", "1", "1.5", "-0.1"])
+def test_tolerance_outside_zero_one_is_one_line_exit_2(capsys, store_dir, tolerance):
+    code, out, err = run(capsys, "analyze", "critical-batch-size", "--store", str(store_dir), "--workload", W,
+                         "--metric", E, "--goal", "0.01", *ALL, "--tolerance", tolerance, "--json")
+    assert (code, out) == (2, "") and err.startswith("error: --tolerance must be in (0, 1)") and err.count("\n") == 1
+
+
+def test_tolerance_reaches_the_analysis(capsys, store_dir):
+    code, out, err = run(capsys, "analyze", "critical-batch-size", "--store", str(store_dir), "--workload", W,
+                         "--metric", E, "--goal", "0.01", *ALL, "--bootstrap", "20", "--tolerance", "0.25", "--json")
+    assert code == 0, err
+    assert json.loads(out)["tolerance"] == 0.25
+
+
+def test_release_workloads_default_to_the_papers_first_n(capsys, store_dir):
+    for command in ("steps-to-result", "critical-batch-size"):
+        code, out, err = run(capsys, "analyze", command, "--store", str(store_dir), "--workload", W,
+                             "--metric", E, "--goal", "0.01", "--json")
+        assert (code, out) == (2, "") and err.count("\n") == 1
+        assert "batch size 1 has 3 trials" in err and "the paper's first 100" in err and "--max-trials all" in err
 
 
 @pytest.mark.parametrize(
@@ -99,11 +134,13 @@ def test_critical_batch_size_json_and_table(capsys, store_dir):
         (["--workload", W, "--metric", "val/accuracy"], "unknown metric 'val/accuracy'"),
         (["--workload", W, "--metric", E, "--status", "DONE"], "unknown trial status 'DONE'"),
         (["--workload", W, "--metric", E, "--max-trials", "0"], "--max-trials"),
+        (["--workload", W, "--metric", E, "--max-trials", "many"], "--max-trials must be a positive integer, 'all' or 'auto'"),
+        (["--workload", W, "--metric", E, "--study", "nope"], "unknown study 'nope'"),
     ],
 )
 def test_bad_selection_is_one_line_exit_2(capsys, store_dir, extra, message):
     for command in ("steps-to-result", "critical-batch-size"):
-        code, out, err = run(capsys, "analyze", command, "--store", str(store_dir), "--goal", "0.01", *extra)
+        code, out, err = run(capsys, "analyze", command, "--store", str(store_dir), "--goal", "0.01", *ALL, *extra)
         assert code == 2 and out == ""
         assert err.startswith("error: ") and message in err and err.strip().count("\n") == 0
 
@@ -119,7 +156,7 @@ def test_unknown_names_list_what_exists(capsys, store_dir):
 
 def test_negative_bootstrap_seed_is_one_line_exit_2(capsys, store_dir):
     code, out, err = run(capsys, "analyze", "critical-batch-size", "--store", str(store_dir), "--workload", W,
-                         "--metric", E, "--goal", "0.01", "--bootstrap", "5", "--seed", "-1", "--json")
+                         "--metric", E, "--goal", "0.01", *ALL, "--bootstrap", "5", "--seed", "-1", "--json")
     assert (code, out) == (2, "") and err == "error: seed must be an integer >= 0, got -1\n"
 
 
@@ -134,8 +171,8 @@ def test_empty_store_says_it_has_no_workloads(capsys, tmp_path):
 
 def test_too_few_reached_batch_sizes(capsys, store_dir):
     code, out, err = run(capsys, "analyze", "critical-batch-size", "--store", str(store_dir), "--workload", W,
-                         "--metric", E, "--goal", "0.001", "--json")
-    assert code == 2 and out == "" and "need at least 2 batch sizes" in err
+                         "--metric", E, "--goal", "0.001", *ALL, "--json")
+    assert code == 2 and out == "" and "need at least 2" in err
 
 
 def test_missing_store_as_a_process(tmp_path):
@@ -146,3 +183,154 @@ def test_missing_store_as_a_process(tmp_path):
     )
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith("error: no batchlab store") and "Traceback" not in result.stderr
+
+
+# --- studies, stop at goal, paper trial counts, steps tables --------------------------------------
+
+SGD = "mnist/fc_64_64_64/sgd"
+
+
+def record(trial_id, batch_size, pairs, definition, status="COMPLETE"):
+    from batchlab.store.writer import TrialRecord
+
+    return TrialRecord(
+        workload=SGD, batch_size=batch_size, trial_id=trial_id, trial_key=f"{SGD}/{batch_size}/{trial_id}",
+        parameters={"learning_rate": 0.1 * trial_id}, status=status, steps=max(s for s, _ in pairs),
+        measurements=[(s, E, v) for s, v in pairs], study_definition=definition,
+    )
+
+
+@pytest.fixture(scope="module")
+def studies_store(tmp_path_factory):
+    """B=64 holds a 3000-step train and a 100-step sweep (two study definitions); B=128 only the
+    sweep; B=32 a study whose trials stop at error < 0.02."""
+    from batchlab.store import Store
+    from batchlab.store.studies import make_study_definition, study_id
+    from batchlab.store.writer import publish_trials
+
+    train = make_study_definition(workload=SGD, batch_size=64, train_steps=3000, train_examples=55000)
+    sweep = dict(train_steps=100, train_examples=2000, sweep="sweep-a")
+    sweep64 = make_study_definition(workload=SGD, batch_size=64, **sweep)
+    sweep128 = make_study_definition(workload=SGD, batch_size=128, **sweep)
+    stop = make_study_definition(workload=SGD, batch_size=32, train_steps=1000,
+                                 stop_rule={"metric": E, "goal": 0.02, "maximize": False})
+    path = tmp_path_factory.mktemp("studies") / "store"
+    store = Store.open(path, create=True)
+    publish_trials(store, [
+        record(1, 64, [(100, 0.5), (1680, 0.008)], train),
+        record(2, 64, [(10, 0.5), (90, 0.5)], sweep64),
+        record(3, 64, [(10, 0.5), (60, 0.5)], sweep64),
+        record(1, 128, [(10, 0.5), (80, 0.009)], sweep128),
+        record(1, 32, [(10, 0.5), (400, 0.015)], stop, status="STOPPED_AT_GOAL"),
+    ])
+    ids = {"train": study_id(train), "sweep64": study_id(sweep64), "sweep128": study_id(sweep128), "stop": study_id(stop)}
+    return path, ids
+
+
+def test_two_study_definitions_at_one_batch_size_need_a_choice(capsys, studies_store):
+    path, ids = studies_store
+    base = ["analyze", "steps-to-result", "--store", str(path), "--workload", SGD, "--metric", E, "--goal", "0.01"]
+    code, out, err = run(capsys, *base, "--json")
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert "batch size 64" in err and ids["train"] in err and ids["sweep64"] in err and "sweep sweep-a" in err
+    assert "--study ID" in err and "--mix-studies" in err
+    code, out, err = run(capsys, *base, "--study", "sweep-a", "--json")
+    assert code == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [(d["batch_size"], d["steps"], d["study_ids"]) for d in lines] == [
+        (64, None, [ids["sweep64"]]), (128, 80, [ids["sweep128"]])]
+    assert lines[0]["censored_at"] == 60  # the sweep's own trials could never give the train's 1680
+    code, out, err = run(capsys, *base, "--study", f"{ids['train']},{ids['sweep128']}", "--json")
+    assert [json.loads(line)["steps"] for line in out.splitlines()] == [1680, 80]
+    code, out, err = run(capsys, *base[:-1], "0.02", "--study", ids["train"], "--study", ids["stop"], "--json")
+    assert [(json.loads(line)["batch_size"], json.loads(line)["steps"]) for line in out.splitlines()] == [
+        (32, 400), (64, 1680)]
+    code, out, err = run(capsys, *base[:-1], "0.02", "--mix-studies", "--json")
+    assert code == 0, err
+    lines = {json.loads(line)["batch_size"]: json.loads(line) for line in out.splitlines()}
+    assert lines[64]["mixed_studies"] is True and lines[64]["study_ids"] == sorted([ids["train"], ids["sweep64"]])
+    assert lines[64]["steps"] == 1680 and lines[128]["mixed_studies"] is False
+    code, out, err = run(capsys, *base[:-1], "0.02", "--mix-studies")
+    assert code == 0 and "MIXED studies" in out
+
+
+def test_stricter_goal_on_stop_at_goal_trials_is_refused(capsys, studies_store):
+    path, ids = studies_store
+    base = ["analyze", "steps-to-result", "--store", str(path), "--workload", SGD, "--metric", E,
+            "--study", ids["stop"], "--json"]
+    code, out, err = run(capsys, *base, "--goal", "0.02")
+    assert code == 0 and json.loads(out)["steps"] == 400
+    code, out, err = run(capsys, *base, "--goal", "0.01")
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert "stopped at their goal" in err and "goal 0.01 is stricter" in err and "a goal >= 0.02" in err
+    code, out, err = run(capsys, *base, "--goal", "0.01", "--status", "COMPLETE")
+    assert code == 0 and json.loads(out)["n_trials"] == 0
+
+
+def test_release_with_enough_trials_uses_the_first_100_and_says_so(capsys, tmp_path):
+    trials = [trial(W, b, t, rows([(50, 0.5), (1000 + b + (t == 101) * -500, 0.005)]), learning_rate=0.1)
+              for b in (8, 16) for t in range(1, 102)]
+    root = write_release(tmp_path / "batch_science", trials)
+    path = tmp_path / "store"
+    main(["import", "batch-science", str(root), "--store", str(path), "--json"])
+    capsys.readouterr()
+    base = ["analyze", "steps-to-result", "--store", str(path), "--workload", W, "--metric", E, "--goal", "0.01"]
+    code, out, err = run(capsys, *base, "--json")
+    assert code == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [(d["steps"], d["n_trials"], d["max_trials"]) for d in lines] == [(1008, 100, 100), (1016, 100, 100)]
+    code, out, err = run(capsys, *base)
+    assert "first 100 trials per batch size by trial id (the paper's rule" in out
+    code, out, err = run(capsys, *base, "--max-trials", "all", "--json")
+    assert [json.loads(line)["steps"] for line in out.splitlines()] == [508, 516]
+
+
+def write_table(path, rows, header="batch_size,steps,optimizer"):
+    path.write_text(header + "\n" + "\n".join(",".join(str(v) for v in row) for row in rows) + "\n")
+    return path
+
+
+def test_steps_table_fits_one_curve_per_group(capsys, tmp_path):
+    rows = [(b, round(1000 * (1 + 64 / b)), "sgd") for b in (4, 16, 64, 256, 1024, 4096)]
+    rows += [(b, round(800 * (1 + 256 / b)), "momentum") for b in (4, 16, 64, 256, 1024, 4096)]
+    table = write_table(tmp_path / "steps.csv", rows)
+    code, out, err = run(capsys, "analyze", "critical-batch-size", "--steps-table", table, "--group-by", "optimizer",
+                         "--json")
+    assert code == 0, err
+    groups = {d["group"]: d for d in map(json.loads, out.splitlines())}
+    assert set(groups) == {"sgd", "momentum"}
+    for key in ("s_min", "e_min", "mccandlish_b_crit", "overhead_20pct", "perfect_scaling_end",
+                "maximal_parallelism_start", "residual"):
+        assert key in groups["sgd"], key
+    assert _value(groups["sgd"]["mccandlish_b_crit"]) == pytest.approx(64, rel=0.05)
+    assert _value(groups["momentum"]["mccandlish_b_crit"]) == pytest.approx(256, rel=0.05)
+    code, out, err = run(capsys, "analyze", "critical-batch-size", "--steps-table", table, "--group-by", "optimizer")
+    assert code == 0 and "mccandlish_b_crit" in out and "sgd" in out
+
+
+def _value(entry):
+    return entry["value"] if isinstance(entry, dict) else entry
+
+
+@pytest.mark.parametrize(
+    "header, rows, message",
+    [
+        ("batch_size,optimizer", [(4, "sgd")], "steps"),
+        ("batch_size,steps", [(0, 100), (8, 50)], "batch"),
+        ("batch_size,steps", [(4, -1), (8, 50)], "steps"),
+    ],
+)
+def test_bad_steps_table_is_one_line_exit_2(capsys, tmp_path, header, rows, message):
+    table = write_table(tmp_path / "bad.csv", rows, header=header)
+    code, out, err = run(capsys, "analyze", "critical-batch-size", "--steps-table", table, "--json")
+    assert (code, out) == (2, "") and err.startswith("error: ") and err.count("\n") == 1 and message in err
+
+
+def test_steps_table_option_errors(capsys, tmp_path, store_dir):
+    code, out, err = run(capsys, "analyze", "critical-batch-size", "--steps-table", tmp_path / "none.csv", "--json")
+    assert (code, out) == (2, "") and "does not exist" in err and err.count("\n") == 1
+    code, out, err = run(capsys, "analyze", "critical-batch-size", "--store", store_dir, "--workload", W,
+                         "--metric", E, "--goal", "0.01", "--group-by", "x")
+    assert code == 2 and "--group-by needs --steps-table" in err
+    code, out, err = run(capsys, "analyze", "critical-batch-size", "--workload", W)
+    assert code == 2 and "missing --store, --metric, --goal" in err

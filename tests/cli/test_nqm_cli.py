@@ -36,7 +36,10 @@ def test_sweep_momentum_with_fit(capsys):
     fit = lines[3]["fit"]
     assert fit["critical_batch_sizes"]["mccandlish_b_crit"]["value"] > 0
     assert set(fit["critical_batch_sizes"]) == {"mccandlish_b_crit", "overhead_20pct", "perfect_scaling_end",
-                                                "maximal_parallelism_start"}
+                                                "maximal_parallelism_start", "fit_perfect_scaling_end",
+                                                "fit_maximal_parallelism_start"}
+    assert fit["batch_grid"] == {"batch_sizes": [16, 1024, 65536], "n": 3, "n_reached": 3, "smallest": 16,
+                                 "largest": 65536, "b0": 16, "learning_rate_grid": "official"}
 
 
 def test_sweep_not_reached_is_null(capsys):
@@ -67,6 +70,28 @@ def test_fit_command_and_human_table(capsys):
     assert code == 0 and json.loads(out)["fit"]["b_crit"] > 0
     code, out, _ = run(capsys, "nqm", "sweep", "--batch-sizes", "4,64", "--grid", "official")
     assert code == 0 and "steps" in out and "batch" in out
+
+
+def test_fit_prints_data_read_and_fit_derived_regimes_with_the_grid(capsys):
+    sizes = ",".join(str(4**k) for k in range(1, 11))  # 4 .. 2^20, every other power of two
+    code, out, _ = run(capsys, "nqm", "fit", "--batch-sizes", sizes, "--grid", "official", "--json")
+    summary = json.loads(out)
+    named = summary["critical_batch_sizes"]
+    assert code == 0 and named["perfect_scaling_end"]["value"] == 256
+    assert named["maximal_parallelism_start"]["value"] == 16384
+    assert named["fit_perfect_scaling_end"]["source"] == "fit" and named["perfect_scaling_end"]["source"] == "data"
+    assert summary["batch_grid"]["n"] == 10 and summary["batch_grid"]["b0"] == 4
+    code, out, _ = run(capsys, "nqm", "fit", "--batch-sizes", sizes, "--grid", "official")
+    assert code == 0
+    assert "batch grid: B = 4..1048576, 10 batch sizes (10 reached), B0 = 4, learning-rate grid official" in out
+    for name in ("perfect_scaling_end", "maximal_parallelism_start", "fit_perfect_scaling_end",
+                 "fit_maximal_parallelism_start", "mccandlish_b_crit", "S_min measured", "S_min fit"):
+        assert name in out
+    code, out, _ = run(capsys, "nqm", "fit", "--precondition", "0.75", "--batch-sizes", "4,16,64,256,1024,4096",
+                       "--grid", "official")
+    assert code == 0 and "beyond the measured range" in out and "warning: B_crit" in out and "extrapolated" in out
+    code, out, _ = run(capsys, "nqm", "fit", "--batch-sizes", "4,16,64", "--grid", "official", "--b0", "16", "--json")
+    assert code == 0 and json.loads(out)["b0"] == 16
 
 
 def test_curve_json_every_step_and_log(capsys):
@@ -105,6 +130,9 @@ def test_curve_json_every_step_and_log(capsys):
         (["curve", "--optimizer", "momentum", "--momentum", "0.9", "--ema-decay", "0.9", "--learning-rate", "0.1",
           "--batch-size", "4", "--steps", "10"], "--ema-decay does not apply to optimizer 'momentum'"),
         (["sweep", "--batch-sizes", "2.5,3", "--max-steps", "10", "--fit"], "batch sizes must be whole numbers"),
+        (["fit", "--tolerance", "1.5"], "--tolerance must be in (0, 1)"),
+        (["sweep", "--fit", "--tolerance", "0"], "--tolerance must be in (0, 1)"),
+        (["fit", "--batch-sizes", "4,16,64", "--grid", "official", "--b0", "8"], "b0 must be a batch size that reached"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(capsys, args, fragment):

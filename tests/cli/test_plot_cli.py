@@ -15,6 +15,10 @@ NESTEROV = "mnist/simple_cnn_base/nesterov_momentum"
 SGD = "mnist/fc_1024/sgd"
 E = "val/classification_error"
 PNG = b"\x89PNG\r\n\x1a\n"
+# The store is an imported release, whose default is the paper's first 100 trials per batch size
+# (refused here: 3 trials); the selection commands take --max-trials all like ``analyze``.
+ALL_TRIALS = {command: ["--max-trials", "all"] for command in
+              ("steps-to-result", "compare-workloads", "goals", "metaparameters", "lr-momentum", "best-measurement")}
 
 
 def build_trials():
@@ -55,11 +59,13 @@ def store_dir(tmp_path_factory):
 )
 def test_every_plot_command_writes_a_png(capsys, store_dir, tmp_path, command, args):
     out_file = tmp_path / f"{command}.png"
-    code, out, err = run(capsys, "plot", command, "--store", str(store_dir), *args, "--out", str(out_file))
+    code, out, err = run(capsys, "plot", command, "--store", str(store_dir), *args, *ALL_TRIALS[command],
+                         "--out", str(out_file))
     assert code == 0, err
     assert out.strip() == str(out_file)
     assert out_file.read_bytes()[:8] == PNG
     assert [p.name for p in tmp_path.iterdir()] == [out_file.name]
+    assert all(line.startswith("warning: ") for line in err.splitlines())  # what the figure rests on
 
 
 @pytest.mark.parametrize(
@@ -83,7 +89,7 @@ def test_every_plot_command_writes_a_png(capsys, store_dir, tmp_path, command, a
 )
 def test_plot_errors_are_one_line_and_write_nothing(capsys, store_dir, tmp_path, command, args, message):
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    code, out, err = run(capsys, "plot", command, "--store", str(store_dir), *args)
+    code, out, err = run(capsys, "plot", command, "--store", str(store_dir), *args, *ALL_TRIALS[command])
     assert code == 2 and out == ""
     assert err.startswith("error: ") and message in err and err.strip().count("\n") == 0
     assert list(tmp_path.iterdir()) == []
@@ -93,6 +99,53 @@ def test_out_that_is_an_existing_directory_is_one_line_and_kept(capsys, store_di
     target = tmp_path / "figure.png"
     target.mkdir()
     code, out, err = run(capsys, "plot", "steps-to-result", "--store", str(store_dir), "--workload", NESTEROV,
-                         "--metric", E, "--goal", "0.01", "--out", str(target))
+                         "--metric", E, "--goal", "0.01", "--max-trials", "all", "--out", str(target))
     assert (code, out) == (2, "") and err.count("\n") == 1 and "is an existing directory" in err
     assert target.is_dir() and list(tmp_path.iterdir()) == [target]
+
+
+@pytest.mark.parametrize("command", ["metaparameters", "lr-momentum"])
+def test_metaparameter_plots_mark_and_list_search_edge_warnings(capsys, tmp_path, command):
+    # learning rates searched over [1e-3, 1] (log): the best trial at B=64 uses 0.9 (the top 10%);
+    # momentum 0.9 over [0.5, 0.999] (reverse log) is inside (position 0.26).
+    trials = []
+    for b, best_lr in ((4, 0.03), (16, 0.1), (64, 0.9)):
+        trials.append(trial(NESTEROV, b, 1, [(100, {E: 0.005})], learning_rate=best_lr, momentum=0.9))
+        trials.append(trial(NESTEROV, b, 2, [(300, {E: 0.005})], learning_rate=0.01, momentum=0.99))
+    configs = {"learning_rate": {"type": "DOUBLE", "min_value": 1e-3, "max_value": 1.0, "scale": "LOG_SCALE"},
+               "momentum": {"type": "DOUBLE", "min_value": 0.5, "max_value": 0.999, "scale": "REVERSE_LOG_SCALE"}}
+    root = write_release(tmp_path / "release" / "batch_science", trials, parameter_configs=configs)
+    store = tmp_path / "store"
+    main(["import", "batch-science", str(root), "--store", str(store), "--json"])
+    capsys.readouterr()
+    out_file = tmp_path / f"{command}.png"
+    code, out, err = run(capsys, "plot", command, "--store", str(store), "--workload", NESTEROV, "--metric", E,
+                         "--goal", "0.01", "--max-trials", "all", "--out", str(out_file))
+    assert code == 0, err
+    assert out.strip() == str(out_file) and out_file.read_bytes()[:8] == PNG
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: batch size 64: best trial 1 has learning_rate = 0.9, "
+                                                   "in the high 10% of its searched range [0.001, 1]")
+
+
+def test_steps_to_result_plot_rejects_a_tolerance_outside_0_1(capsys, store_dir, tmp_path):
+    code, out, err = run(capsys, "plot", "steps-to-result", "--store", str(store_dir), "--workload", NESTEROV,
+                         "--metric", E, "--goal", "0.01", "--max-trials", "all", "--tolerance", "1.5",
+                         "--out", str(tmp_path / "f.png"))
+    assert (code, out) == (2, "") and err.strip() == "error: --tolerance must be in (0, 1), got 1.5"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["steps-to-result", "metaparameters", "lr-momentum", "best-measurement"])
+def test_plot_selects_trials_like_analyze(capsys, store_dir, tmp_path, command):
+    target = ["--step-budget", "5000"] if command == "best-measurement" else ["--goal", "0.01"]
+    base = ["plot", command, "--store", str(store_dir), "--workload", NESTEROV, "--metric", E, *target,
+            "--out", str(tmp_path / "f.png")]
+    # the paper's first-N default for imported release workloads, refused with one line when fewer exist
+    code, out, err = run(capsys, *base)
+    assert (code, out) == (2, "") and "fewer than the paper's first 100" in err and err.count("\n") == 1
+    # a study id that does not exist: one line naming it
+    code, out, err = run(capsys, *base, "--max-trials", "all", "--study", "nosuchstudy")
+    assert (code, out) == (2, "") and "nosuchstudy" in err and err.count("\n") == 1
+    code, out, err = run(capsys, *base, "--max-trials", "2", "--mix-studies")
+    assert code == 0, err

@@ -25,7 +25,11 @@ def test_import_info_compact_export(tmp_path, capsys):
     assert out.count("\n") == 1
     info = json.loads(out)
     assert (info["workloads"], info["studies"], info["measurements"]) == (3, 6, 240)
-    assert info["trials"] == {"COMPLETE": 12, "INCOMPLETE": 6, "INFEASIBLE": 6}
+    assert info["trials"] == {"COMPLETE": 12, "INCOMPLETE": 6, "INFEASIBLE": 6, "STOPPED_AT_GOAL": 0}
+    assert len(info["study_definitions"]) == 6
+    assert {s["source"] for s in info["study_definitions"]} == {"batch_science"}
+    code, out, _ = run(capsys, "store", "info", "--store", store)
+    assert code == 0 and "study definitions (6)" in out and "source batch_science  budget 1000" in out
     code, out, _ = run(capsys, "store", "compact", "--store", store, "--json")
     assert code == 0 and json.loads(out)["deleted_files"] == 0
     code, out, _ = run(capsys, "export", "batch-science", "--store", store, "--out", tmp_path / "out")
@@ -81,3 +85,44 @@ def test_user_errors(tmp_path, capsys, args, message):
     code, _, err = run(capsys, *[a.format(tmp=tmp_path) for a in args])
     assert code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]  # nothing written
+
+
+TABLE = """workload,batch_size,trial_id,step,val/classification_error,param:learning_rate,status
+mnist/fc_64_64_64/sgd,64,1,0,0.9,0.1,
+mnist/fc_64_64_64/sgd,64,1,10,0.5,0.1,
+mnist/fc_64_64_64/sgd,128,1,0,0.9,0.2,STOPPED_AT_GOAL
+mnist/fc_64_64_64/sgd,128,1,5,0.02,0.2,STOPPED_AT_GOAL
+"""
+
+
+def test_import_table_then_info_lists_its_study_definitions(tmp_path, capsys):
+    (tmp_path / "runs.csv").write_text(TABLE)
+    store = tmp_path / "store"
+    code, out, _ = run(capsys, "import", "table", tmp_path / "runs.csv", "--store", store)
+    assert code == 0 and out.startswith("imported 2 trials (4 measurements") and "in 2 studies" in out
+    code, out, _ = run(capsys, "import", "table", tmp_path / "runs.csv", "--store", store, "--json")
+    assert code == 0 and json.loads(out)["trials_already_present"] == 2
+    code, out, _ = run(capsys, "store", "info", "--store", store)
+    assert code == 0 and "study definitions (2)" in out
+    assert "B=128" in out and "source table import:runs.csv" in out and "trials 1 (STOPPED_AT_GOAL 1)" in out
+    code, out, _ = run(capsys, "store", "info", "--store", store, "--json")
+    studies = json.loads(out)["study_definitions"]
+    assert [(s["batch_size"], s["statuses"]["STOPPED_AT_GOAL"]) for s in studies] == [(64, 0), (128, 1)]
+    assert set(studies[0]) >= {"study_id", "source", "train_steps", "train_examples", "stop_rule",
+                               "evaluation", "n_trials", "statuses", "definition"}
+    code, out, _ = run(capsys, "export", "batch-science", "--store", store, "--out", tmp_path / "out")
+    assert code == 0 and "1 STOPPED_AT_GOAL trial(s) written as status COMPLETE" in out
+
+
+@pytest.mark.parametrize("table, message", [
+    ("workload,batch_size,step,val/x\nmnist/fc/sgd,64,0,1\n", "missing column(s) trial_id"),
+    ("workload,batch_size,trial_id,step,val/x\nmnist/fc/sgd,64,1,abc,1\n", "column 'step' must hold integers"),
+    ("workload,batch_size,trial_id,step,val/x\nmnist/fc/sgd,0,1,0,1\n", "column 'batch_size' must be >= 1"),
+    ("workload,batch_size,trial_id,step,val/x,status\nmnist/fc/sgd,8,1,0,1,COMPLETE\nmnist/fc/sgd,8,1,1,1,INCOMPLETE\n",
+     "conflicting 'status'"),
+])
+def test_import_table_errors_are_one_line_exit_2_and_write_nothing(tmp_path, capsys, table, message):
+    (tmp_path / "bad.csv").write_text(table)
+    code, out, err = run(capsys, "import", "table", tmp_path / "bad.csv", "--store", tmp_path / "store")
+    assert (code, out) == (2, "") and err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "store").exists()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+
+from batchlab.sweep.config import MAX_TRIALS_PER_STUDY
 
 
 def run_cli(*args, cwd=None):
@@ -45,22 +48,52 @@ def test_missing_options_and_bad_lists(tmp_path):
     assert not (tmp_path / "s").exists()
 
 
-def test_tables_budget_growth_and_conflicting_resume(tmp_path):
+def test_tables_budget_growth_and_another_sweep_kept_apart(tmp_path):
     store = tmp_path / "store"
     args = ["mnist/fc_64_64_64", "--optimizer", "sgd", "--batch-sizes", "8", "--trials", "2", "--steps", "3",
             "--train-examples", "256", "--workers", "1", "--grow-budget", "--store", str(store)]
     result = run_cli(*args)
     assert result.returncode == 0, result.stderr
-    out = result.stdout
-    assert "steps to result" in out and "not reached" in out
-    assert "budget grown: mnist/fc_64_64_64/sgd b=8" in out and "with 6 steps" in out and "with 12 steps" in out
-    assert "mccandlish_b_crit" in out and "no fit for mnist/fc_64_64_64/sgd" in out  # one batch size: no S(B) fit
+    out = " ".join(result.stdout.split())  # wrapped lines joined
+    assert "steps to result" in out and "this sweep's trials only" in out and "> 12" in out  # censored bracket
+    assert "budget grown: mnist/fc_64_64_64/sgd b=8" in out and "with 6 steps, decay and warmup steps stretched x2" in out
+    assert "with 12 steps, decay and warmup steps stretched x4" in out
+    assert "12 (round 2)" in out  # the last round is the one reported
+    assert "no fit for mnist/fc_64_64_64/sgd" in out  # one batch size: no S(B) fit
     assert "all studies" in result.stderr  # the progress display
 
-    # The same store with another budget: trial ids would clash, so it is refused before running.
+    # The same store with another budget: a new study definition gets its own block of trial ids.
     args[args.index("--steps") + 1] = "5"
-    message = _one_line_error(run_cli(*args))
-    assert "already holds trial 0 of mnist/fc_64_64_64/sgd" in message and "another --store" in message
+    result = run_cli(*args, "--json")
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    ids = sorted(e["trial_id"] for e in events if e["event"] == "trial")
+    assert ids[:2] == [3 * MAX_TRIALS_PER_STUDY, 3 * MAX_TRIALS_PER_STUDY + 1]  # blocks 0-2: the first sweep
+    (row,) = [e for e in events if e["event"] == "steps_to_result"]
+    assert row["n_trials"] == 2 and row["budget"] == 20 and row["censored_at"] == 20
+
+
+def test_budget_rule_flags(tmp_path):
+    store = tmp_path / "store"
+    result = run_cli("mnist/fc_64_64_64", "--batch-sizes", "8,64", "--trials", "1", "--budget-epochs", "0.5",
+                     "--min-steps", "2", "--max-steps", "20", "--train-examples", "256", "--workers", "1",
+                     "--no-stop-at-goal", "--store", str(store), "--json")
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    budgets = {b["batch_size"]: b["steps"] for b in events[0]["budgets"]}
+    assert budgets == {8: 16, 64: 2}  # ceil(0.5 x 256 / B), floor 2
+    rule = events[0]["budget_rule"]["mnist/fc_64_64_64"]
+    assert rule["rule"] == "examples" and rule["examples"] == 128 and rule["min_steps"] == 2
+    message = _one_line_error(run_cli("mnist/fc_64_64_64", "--batch-sizes", "8", "--trials", "1", "--steps", "5",
+                                      "--budget-epochs", "2", "--store", str(tmp_path / "other")))
+    assert "exclude each other" in message
+
+
+def test_stricter_goal_than_the_stop_rule_is_refused(tmp_path):
+    message = _one_line_error(run_cli("mnist/fc_64_64_64", "--batch-sizes", "8", "--trials", "1", "--steps", "2",
+                                      "--goal", "0.001", "--store", str(tmp_path / "s")))
+    assert "stricter than the goal" in message and "--no-stop-at-goal" in message
+    assert not (tmp_path / "s").exists()
 
 
 def test_non_finite_goal_is_rejected_before_any_trial_runs(tmp_path):

@@ -47,6 +47,7 @@ def test_train_prints_one_json_object_per_evaluation_then_the_outcome(tmp_path):
     assert [row["step"] for row in evaluations] == schedule
     assert all(set(row) == {"step"} | RELEASE_METRICS for row in evaluations)
     assert final["status"] == "COMPLETE" and final["steps_to_goal"] is None and final["steps"] == 12
+    assert final["steps_lower"] is None and final["resolution"] == 0.0  # every step evaluated below 1/r
     assert final["parameters"] == {"learning_rate": 0.1, "momentum": 0.9} and final["wall_time_s"] > 0
     trials = Store.open(store).table("trials").to_pylist()
     assert [(t["workload"], t["trial_id"], t["status"], t["seed"]) for t in trials] == [("mnist/fc_64_64_64/momentum", final["trial_id"], "COMPLETE", 3)]
@@ -100,6 +101,9 @@ def test_human_output_is_a_table(capsys):
         (["--optimizer", "sgd", "--batch-size", "8", "--learning-rate", "0.1", "--hparam", "momentum=0.9"], "--momentum"),
         (["--optimizer", "sgd", "--batch-size", "8", "--learning-rate", "0.1", "--eval-budget", "-1"], "evaluation budget must be a number > 0"),
         (["--optimizer", "sgd", "--batch-size", "8", "--learning-rate", "0.1", "--eval-budget", "0.1", "--eval-every", "5"], "not both"),
+        (["--optimizer", "sgd", "--batch-size", "8", "--learning-rate", "0.1", "--resolution", "0"], "resolution must be a number in (0, 1)"),
+        (["--optimizer", "sgd", "--batch-size", "8", "--learning-rate", "0.1", "--resolution", "1.5"], "resolution must be a number in (0, 1)"),
+        (["--optimizer", "sgd", "--batch-size", "8", "--learning-rate", "0.1", "--refine", "denser"], "did you mean 'dense'"),
     ],
 )
 def test_train_bad_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_path, args, fragment):
@@ -171,5 +175,42 @@ def test_eval_budget_and_train_eval_examples(capsys, tmp_path):
     *evaluations, final = json_lines(out)
     steps = [row["step"] for row in evaluations]
     assert steps[-1] == 60 and set(steps) < set(default_steps) and final["status"] == "COMPLETE"
-    assert all(set(row) == RELEASE_METRICS | {"step"} for row in evaluations)
-    assert Store.open(tmp_path / "s").table("measurements").num_rows == 4 * len(steps)
+    goal_only = {"step", "val/cross_entropy_error", "val/classification_error"}
+    assert all(set(row) in (RELEASE_METRICS | {"step"}, goal_only) for row in evaluations)
+    full = sum(len(row) == 5 for row in evaluations)
+    assert Store.open(tmp_path / "s").table("measurements").num_rows == 4 * full + 2 * (len(steps) - full)
+
+
+def test_train_json_has_the_bracket_and_stopped_at_goal_status(capsys, tmp_path, easy_workload):
+    args = ["train", easy_workload, "--optimizer", "momentum", "--batch-size", "64", "--learning-rate", "0.1",
+            "--momentum", "0.9", "--steps", "120", "--train-examples", "512", "--resolution", "0.2", "--json"]
+    status, out, err = run_main(capsys, *args)
+    assert status == 0, err
+    *evaluations, full = json_lines(out)
+    assert full["status"] == "COMPLETE" and full["steps"] == 120 and full["resolution"] == pytest.approx(0.2, abs=0.01)
+    steps = [row["step"] for row in evaluations]
+    reached = full["steps_to_goal"]
+    assert reached is not None and full["steps_lower"] == max([s for s in steps if s < reached], default=0)
+    status, out, err = run_main(capsys, *args, "--stop-at-goal", "--store", str(tmp_path / "s"))
+    assert status == 0, err
+    *_, stopped = json_lines(out)
+    assert stopped["status"] == "STOPPED_AT_GOAL" and stopped["steps"] == stopped["steps_to_goal"] == reached
+    assert stopped["steps_lower"] == full["steps_lower"]
+    (row,) = Store.open(tmp_path / "s").table("trials").to_pylist()
+    assert (row["status"], row["steps"]) == ("STOPPED_AT_GOAL", reached)
+    status, out, err = run_main(capsys, *args[:-1], "--stop-at-goal")
+    assert status == 0 and "STOPPED_AT_GOAL" in out and f"first met in ({full['steps_lower']}, {reached}]" in out
+
+
+def test_study_resolution_and_brackets(capsys, tmp_path, easy_workload):
+    status, out, err = run_main(capsys, "study", easy_workload, "--optimizer", "momentum", "--batch-size", "64",
+                                "--trials", "2", "--store", str(tmp_path / "s"), "--steps", "30", "--train-examples",
+                                "512", "--resolution", "0.3", "--refine", "dense", "--stop-at-goal", "--json")
+    assert status == 0, err
+    *trials, summary = json_lines(out)
+    assert all("steps_lower" in t for t in trials) and "steps_lower" in summary
+    stored = Store.open(tmp_path / "s").study_definitions()
+    assert len(stored) == 1 and stored[0]["definition"]["evaluation"] == {"rule": "geometric", "resolution": 0.3, "refine": "dense"}
+    status, _, err = run_main(capsys, "study", easy_workload, "--optimizer", "momentum", "--batch-size", "64",
+                              "--trials", "2", "--store", str(tmp_path / "t"), "--resolution", "2")
+    assert status == 2 and "resolution must be a number in (0, 1)" in err and not (tmp_path / "t").exists()

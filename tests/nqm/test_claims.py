@@ -1,4 +1,4 @@
-"""The qualitative claims of science.md 2.9, asserted on the computed figure data (official grids)."""
+"""The qualitative NQM claims (docs/methods.md, the noisy quadratic model), asserted on the computed figure data (official grids)."""
 
 import numpy as np
 import pytest
@@ -77,7 +77,7 @@ def test_claim4_preconditioning_extends_scaling_and_cuts_small_batch_steps(data)
 def test_claim5_ema_helps_small_batches_and_lowers_the_critical_batch_size(data):
     sgd, ema = _steps(data["sgd_p0.0"]), _steps(data["ema_p0.0"])
     assert ema[4] < 0.5 * sgd[4]
-    # redundant at large B (the EMA/momentum LR grid is coarser near 2: science.md 2.8.4 allows ~5%)
+    # redundant at large B (the EMA/momentum LR grid is coarser near 2: docs/methods.md allows ~5%)
     assert ema[2**20] / sgd[2**20] == pytest.approx(1.0, abs=0.05)
     assert _b_crit(data["ema_p0.0"]) < _b_crit(data["sgd_p0.0"])
 

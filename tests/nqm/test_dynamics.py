@@ -32,11 +32,11 @@ def test_sgd_closed_form_with_preconditioning():
     steady = a**2 * c / B / (1 - beta)
     s = steady + beta ** steps[:, None] * (1 - steady)
     assert np.allclose(exact, (0.5 * h * s).sum(1), rtol=1e-12)
-    # science.md 2.3: steady-state loss per direction lr h^-p c / (2 B (2 - lr h^(1-p)))
+    # docs/methods.md, "Algorithms, exactly": steady-state loss per direction lr h^-p c / (2 B (2 - lr h^(1-p)))
     assert np.allclose(0.5 * h * steady, lr * h ** (-p) * c / (2 * B * (2 - z)), rtol=1e-12)
 
 
-def test_momentum_transition_matches_science_md():
+def test_momentum_transition_matches_published_matrix():
     problem = from_eigenvalues([0.3])
     lr, mu = 0.7, 0.6
     rec = moment_recurrence(problem, Algorithm("momentum"), lr, momentum=mu)

@@ -6,7 +6,7 @@ from batchlab.nqm.problem import zhang2019_binned
 from batchlab.nqm.steps import best_candidates, official_low
 from batchlab.nqm.tuning import official_grid, tune
 
-# science.md 2.10: SGD (p = 0), binned model, LR on logspace(-5, 0.5, 100), official `low` convention.
+# docs/methods.md, "The model"0: SGD (p = 0), binned model, LR on logspace(-5, 0.5, 100), official `low` convention.
 TABLE_D_TARGETS = (0.1, 0.03, 0.01, 0.003, 0.001)
 TABLE_D = {
     4: (80753, 389129, 1507367, 6299850, 21999293),

@@ -44,27 +44,125 @@ def con():
     connection.close()
 
 
+def bracketed(points, steps_lower=None, censored_at=None, label="w"):
+    """A StepsCurve with resolution brackets and censoring bounds (aligned with ``points``)."""
+    return StepsCurve.from_points(points, label=label, steps_lower=steps_lower, censored_at=censored_at)
+
+
+def by_gid(ax, gid):
+    return [a for a in ax.get_children() if a.get_gid() == gid]
+
+
+def containers(ax, label):
+    return [c for c in ax.containers if c.get_label() == label]
+
+
 def test_steps_figure_log2_axes_perfect_scaling_fit_and_censored_marks():
     fit = fit_steps_curve(CURVE)
-    fig = steps_to_result_figure([CURVE], fits=[fit])
+    fig = steps_to_result_figure([CURVE], fits=[fit], regimes=False)
     (ax,) = fig.axes
     assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
     assert ax.yaxis.get_transform().base == 2
-    data, perfect, fitted, censored = ax.lines[:4]
+    gids = ("data", "perfect_scaling", "fit", "not_reached")
+    (data,), (perfect,), (fitted,), (censored,) = (by_gid(ax, g) for g in gids)
     np.testing.assert_array_equal(data.get_xdata(), [2, 4, 8, 16, 32])
     np.testing.assert_allclose(perfect.get_ydata(), 8000 * 2 / np.asarray(perfect.get_xdata()))
+    assert list(perfect.get_xdata()) == [2, 64]  # over the whole measured range
     np.testing.assert_allclose(fitted.get_ydata(), fit.predicted_steps(fitted.get_xdata()))
-    assert list(censored.get_xdata()) == [64]
+    assert fitted.get_xdata()[0] == 2 and fitted.get_xdata()[-1] == pytest.approx(64)
+    assert list(censored.get_xdata()) == [64]  # no bound known: an x along the top edge
+    assert containers(ax, "_bracket") == []  # exact first passage: no brackets to draw
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert labels == ["w", "perfect scaling", r"fit $S_{min} + E_{min}/B$", "goal not reached"]
+    assert labels == ["w", "perfect scaling from B0 = 2", r"fit $S_{min} + E_{min}/B$ (fitted, not measured)",
+                      "not reached (no bound known)"]
+
+
+def test_steps_figure_draws_brackets_and_censored_bounds_with_up_arrows():
+    curve = bracketed(
+        [(2, 8000), (4, 4100), (8, 2200), (16, 1300), (32, None), (64, None)],
+        steps_lower=(7600, 3900, 2000, 0, None, None),
+        censored_at=(None, None, None, None, 3000, 2500),
+    )
+    fig = steps_to_result_figure([curve], fits=[fit_steps_curve(curve)])
+    ax = fig.axes[0]
+    (brackets,) = containers(ax, "_bracket")
+    data_line, caplines, (bars,) = brackets
+    segments = [seg[:, 1].tolist() for seg in bars.get_segments()]
+    assert segments == [[7600, 8000], [3900, 4100], [2000, 2200], [0, 1300]]  # (steps_lower, steps]
+    assert [seg[0, 0] for seg in bars.get_segments()] == [2, 4, 8, 16]
+    (censored,) = containers(ax, "_censored")
+    marker_line, (arrow,), (stem,) = censored
+    # drawn at the censoring bound (never as a reached point), with an upward arrow head above it
+    np.testing.assert_array_equal(marker_line.get_xdata(), [32, 64])
+    np.testing.assert_array_equal(marker_line.get_ydata(), [3000, 2500])
+    assert arrow.get_marker() == 10  # CARETUPBASE: an upward arrow
+    assert all(y > bound for y, bound in zip(arrow.get_ydata(), [3000, 2500]))
+    (data,) = by_gid(ax, "data")
+    np.testing.assert_array_equal(data.get_xdata(), [2, 4, 8, 16])
+    assert by_gid(ax, "not_reached") == []
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "resolution bracket (previous, reaching evaluation]" in labels
+    assert "not reached: steps > bound (censored)" in labels
+    # a censoring bound far below the reached steps stays in view
+    low = bracketed([(2, 8000), (4, 4100), (8, None)], steps_lower=(7600, 3900, None), censored_at=(None, None, 50))
+    ax = steps_to_result_figure([low]).axes[0]
+    assert ax.get_ylim()[0] <= 50
+
+
+def test_steps_figure_shades_regimes_read_from_the_data(monkeypatch):
+    from batchlab.plots import shallue
+
+    curve = StepsCurve.from_points([(2, 8000), (4, 4000), (8, 2000), (16, 1150), (32, 700), (64, 650), (128, 640)])
+    # read from the data: S*B within 10% of B0's up to B=8; every S from B=32 on within 10% of the minimum
+    assert shallue.data_regimes(curve, 0.1) == {"b0": 2, "perfect_scaling_end": 8, "maximal_parallelism_start": 32,
+                                                "perfect_scaling_beyond": None}
+    ax = steps_to_result_figure([curve]).axes[0]
+    (ps,) = by_gid(ax, "perfect_scaling_regime")
+    (mp,) = by_gid(ax, "maximal_parallelism_regime")
+    assert (ps.get_x(), ps.get_x() + ps.get_width()) == (2, 8)
+    assert (mp.get_x(), mp.get_x() + mp.get_width()) == (32, 128)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert {"perfect scaling (read from data)", "maximal data parallelism (read from data)"} <= set(labels)
+    # the tolerance is the regimes' own: at 30% perfect scaling lasts to B=16
+    (ps,) = by_gid(steps_to_result_figure([curve], tolerance=0.3).axes[0], "perfect_scaling_regime")
+    assert ps.get_x() + ps.get_width() == 16
+    # still in perfect scaling at the largest batch size: shaded, and the legend says the end is beyond
+    scaling = StepsCurve.from_points([(4, 8000), (8, 4000), (16, 2000), (32, 1000)])
+    ax = steps_to_result_figure([scaling]).axes[0]
+    assert by_gid(ax, "maximal_parallelism_regime") == [] and len(by_gid(ax, "perfect_scaling_regime")) == 1
+    assert "perfect scaling (read from data; its end lies beyond the measured range)" in [
+        t.get_text() for t in ax.get_legend().get_texts()]
+    # a regime the data do not show (null) is not shaded
+    monkeypatch.setattr(shallue, "data_regimes", lambda curve, tolerance: {
+        "b0": 2, "perfect_scaling_end": 8, "maximal_parallelism_start": None, "perfect_scaling_beyond": None})
+    ax = steps_to_result_figure([curve]).axes[0]
+    assert by_gid(ax, "maximal_parallelism_regime") == [] and len(by_gid(ax, "perfect_scaling_regime")) == 1
+    # nor are regimes shaded with several curves, unless asked
+    ax = steps_to_result_figure([curve, CURVE]).axes[0]
+    assert by_gid(ax, "perfect_scaling_regime") == []
+    with pytest.raises(BatchlabError, match=r"tolerance must be in \(0, 1\)"):
+        steps_to_result_figure([curve], tolerance=1.5)
+
+
+def test_figures_say_which_trials_they_rest_on(con):
+    caption = "trials: first 100 trials per batch size by trial id; statuses COMPLETE; study abc"
+    ax = steps_to_result_figure([CURVE], caption=caption).axes[0]
+    assert ax.get_legend().get_title().get_text() == caption
+    assert steps_to_result_figure([CURVE]).axes[0].get_legend().get_title().get_text() == ""
+    opt = optimal_metaparameters(steps_to_result(con, W, M, 0.01))
+    assert caption in metaparameters_figure(opt, title="t", caption=caption).get_suptitle().replace("\n", " ")
+    outcomes = trial_outcomes(con, Selection(W, M, 0.01))
+    assert caption in lr_momentum_scatter_figure(outcomes, caption=caption).get_suptitle().replace("\n", " ")
 
 
 def test_steps_figure_draws_interval_error_bars():
-    bounds = [(7000, 9000), (4100, 4100), (2000, None), (1200, 1500), (800, 1000), (None, None)]
-    fig = steps_to_result_figure([CURVE], intervals=[bounds])
-    (bars,) = [c for c in fig.axes[0].collections if c.get_segments()]
-    segments = [seg[:, 1].tolist() for seg in bars.get_segments()]
-    assert segments == [[7000, 9000], [4100, 4100], [1200, 1500], [800, 1000]]  # open-ended rows skipped
+    bounds = [(7000, 9000), (4100, 4100), (2000, None), (None, 1500), (800, 1000), (None, None)]
+    fig = steps_to_result_figure([CURVE], intervals=[bounds], interval_label="90% interval of the median")
+    (intervals,) = containers(fig.axes[0], "_interval")
+    segments = [seg[:, 1].tolist() for seg in intervals[2][0].get_segments()]
+    # open-ended above: skipped; (None, high) is one-sided, from the point up to high
+    assert segments == [[7000, 9000], [4100, 4100], [1300, 1500], [800, 1000]]
+    assert "90% interval of the median" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     with pytest.raises(BatchlabError, match="2 intervals for 6 batch sizes"):
         steps_to_result_figure([CURVE], intervals=[bounds[:2]])
 
@@ -96,6 +194,26 @@ def test_metaparameters_figure_has_heuristic_lines(con):
     np.testing.assert_allclose(root.get_ydata(), [0.02, 0.04, 0.08])
     sgd = type(opt)(batch_sizes=opt.batch_sizes, values={**opt.values, "momentum": np.full(3, np.nan)})
     assert len(metaparameters_figure(sgd).axes) == 1
+    assert all(by_gid(ax, "search_edge") == [] for ax in fig.axes)  # no warnings: no edge marks
+
+
+def test_metaparameters_figure_marks_search_edge_limited_points(con):
+    results = steps_to_result(con, W, M, 0.01)
+    edges = [
+        {"batch_size": 8, "parameter": "learning_rate", "edge": "high", "value": 0.08, "min_value": 1e-4,
+         "max_value": 0.1, "scale": "LOG"},
+        {"batch_size": 32, "parameter": "momentum", "edge": "low", "value": 0.9, "min_value": 0.9,
+         "max_value": 0.999, "scale": "REVERSE_LOG"},
+    ]
+    fig = metaparameters_figure(optimal_metaparameters(results, search_edges=edges))
+    lr_ax, momentum_ax, effective_ax = fig.axes
+    marked = {ax.get_ylabel(): by_gid(ax, "search_edge")[0].get_offsets()[:, 0].tolist() for ax in fig.axes}
+    assert marked == {"learning rate": [8.0], "1 - momentum": [32.0], "effective learning rate": [8.0, 32.0]}
+    (ring,) = by_gid(lr_ax, "search_edge")
+    np.testing.assert_allclose(ring.get_offsets()[:, 1], [0.08])  # on the point itself
+    assert (ring.get_facecolor().size == 0 or ring.get_facecolor()[0][3] == 0)  # hollow
+    assert "best trial at search-space edge" in [t.get_text() for t in lr_ax.get_legend().get_texts()]
+    assert [t.get_text() for t in momentum_ax.texts] == ["momentum: low"]
 
 
 def test_lr_momentum_scatter_marks_outcomes(con):
@@ -115,6 +233,25 @@ def test_lr_momentum_scatter_marks_outcomes(con):
     no_momentum = outcomes.assign(momentum=np.nan)
     with pytest.raises(BatchlabError, match="momentum optimizers only"):
         lr_momentum_scatter_figure(no_momentum)
+
+
+def test_lr_momentum_scatter_draws_searched_ranges_and_edge_rings(con):
+    outcomes = trial_outcomes(con, Selection(W, M, 0.01))
+    ranges = {2: {"learning_rate": (1e-3, 10.0, "LOG"), "momentum": (0.5, 0.999, "REVERSE_LOG")}}
+    edges = [{"batch_size": 2, "parameter": "learning_rate", "edge": "low"},
+             {"batch_size": 32, "parameter": "end_learning_rate_factor", "edge": "high"}]  # not in this plane
+    fig = lr_momentum_scatter_figure(outcomes, batch_sizes=[2, 32], search_ranges=ranges, search_edges=edges)
+    first, second = [ax for ax in fig.axes if ax.get_visible()]
+    (box,) = by_gid(first, "searched_range")
+    np.testing.assert_allclose(box.get_xdata(), [1e-3, 10, 10, 1e-3, 1e-3])
+    np.testing.assert_allclose(box.get_ydata(), [1e-3, 1e-3, 0.5, 0.5, 1e-3])  # 1 - momentum
+    (ring,) = by_gid(first, "search_edge")
+    best = outcomes[(outcomes.batch_size == 2) & outcomes.best].iloc[0]
+    np.testing.assert_allclose(ring.get_offsets(), [[best.learning_rate, 1 - best.momentum]])
+    assert by_gid(second, "searched_range") == [] and by_gid(second, "search_edge") == []
+    assert first.get_xlim()[0] <= 1e-3 and first.get_xlim()[1] >= 10  # the box is in view
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert {"searched range", "best trial at search-space edge", "best trial"} <= set(labels)
 
 
 def test_best_measurement_figure_one_line_per_budget(con):

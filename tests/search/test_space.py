@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from batchlab.errors import BatchlabError
 from batchlab.search import Parameter, SearchSpace
 
-RELEASE_EXAMPLE = {  # the example study.json of the release (science.md 3.3)
+RELEASE_EXAMPLE = {  # the example study.json of the release (docs/methods.md, "Optimizers, schedules and search spaces")
     "learning_rate": {"type": "DOUBLE", "min_value": 1e-4, "max_value": 10.0, "scale": "LOG_SCALE"},
     "momentum": {"type": "DOUBLE", "min_value": 0.9, "max_value": 0.9999, "scale": "REVERSE_LOG_SCALE"},
     "learning_rate_decay_steps": {"type": "INTEGER", "min_value": 300000, "max_value": 600000, "scale": "LINEAR_SCALE"},

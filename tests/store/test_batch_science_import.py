@@ -6,6 +6,7 @@ import pytest
 from batchlab.errors import BatchlabError
 from batchlab.store import Store
 from batchlab.store.batch_science_import import find_studies, import_batch_science, trial_key
+from batchlab.store.studies import study_id
 
 from release_trees import make_release
 
@@ -24,13 +25,20 @@ def test_import_reads_every_group_and_field(release, store):
     sub = "mnist_subsets/mnist_6875/simple_cnn_base/nesterov_momentum"
     assert workloads[sub][:3] == ("mnist_subsets/mnist_6875", "simple_cnn_base", "nesterov_momentum")
     assert json.loads(workloads[sub][3])["group"] == "mnist_subsets"
-    study = con.execute("SELECT * FROM studies WHERE workload = ? AND batch_size = 8",
-                        [sub]).fetchone()
-    assert study[3:] == (1000, False) and json.loads(study[2])["learning_rate"]["scale"] == "LOG_SCALE"
-    t = con.execute("SELECT * FROM trials WHERE workload = ? AND batch_size = 64 AND trial_id = 2",
-                    [sub]).fetchone()
-    assert t[3] == trial_key(sub, 64, 2) and t[5:] == ("INCOMPLETE", 1000, None, "batch_science")
-    assert json.loads(t[4]) == {"learning_rate": 0.02, "momentum": 0.9}
+    study = con.execute("SELECT search_space, train_steps, early_stopping, study_id, definition "
+                        "FROM studies WHERE workload = ? AND batch_size = 8", [sub]).fetchone()
+    assert study[1:3] == (1000, False) and json.loads(study[0])["learning_rate"]["scale"] == "LOG_SCALE"
+    definition = json.loads(study[4])
+    assert definition["source"] == "batch_science" and definition["train_steps"] == 1000
+    assert definition["search_space"] == json.loads(study[0]) and definition["early_stopping"] is False
+    assert definition["evaluation"] == {"rule": "release"} and definition["stop_rule"] is None
+    assert study[3] == study_id(definition)
+    t = con.execute("SELECT trial_key, parameters, status, steps, seed, source, study_id FROM trials "
+                    "WHERE workload = ? AND batch_size = 64 AND trial_id = 2", [sub]).fetchone()
+    assert t[0] == trial_key(sub, 64, 2) and t[2:6] == ("INCOMPLETE", 1000, None, "batch_science")
+    assert json.loads(t[1]) == {"learning_rate": 0.02, "momentum": 0.9}
+    (s64,) = store.study_definitions(sub)[1:2] or [None]
+    assert s64["batch_size"] == 64 and s64["study_id"] == t[6] and s64["n_trials"] == 4
     steps = con.execute("SELECT step, value FROM measurements WHERE workload = ? AND batch_size = 64 "
                         "AND trial_id = 2 AND metric = 'val/classification_error' ORDER BY step",
                         [sub]).fetchall()

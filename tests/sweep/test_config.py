@@ -32,7 +32,10 @@ def test_good_file_loads_with_defaults_and_budgets(tmp_path):
     path.write_text(GOOD)
     config = load_sweep_config(path)
     assert config.batch_sizes == [16, 64]
-    assert config.study_steps(3000, 16) == 300 and config.study_steps(3000, 64) == 100
+    from batchlab.workloads import get_workload
+
+    workload = get_workload("mnist/fc_64_64_64")
+    assert config.study_steps(workload, 16) == 300 and config.study_steps(workload, 64) == 100
     assert config.executor == "local" and not config.uses_dask and config.vectorize == "auto"
     assert config.stop_at_goal is True and config.grow_budget is False
 
@@ -55,6 +58,12 @@ def test_command_line_overrides_win(tmp_path):
         ({"trails": 3}, "unknown field 'trails'; allowed fields: workloads, optimizers, batch_sizes, trials"),
         ({"budgets": {"32": 10}}, "budgets: batch sizes [32] are not in batch_sizes; allowed: [16, 64]"),
         ({"scheduler": "10.0.0.1"}, "field 'scheduler': scheduler must look like tcp://HOST:PORT"),
+        ({"steps": 10, "budget_epochs": 2.0}, "steps (a fixed budget) and budget_epochs (an epoch budget) exclude"),
+        ({"steps": 10, "min_steps": 2}, "min_steps bounds the epoch budget and cannot be combined with steps"),
+        ({"min_steps": 20, "max_steps": 10}, "min_steps 20 exceeds max_steps 10; allowed: min_steps <= max_steps"),
+        ({"budget_epochs": 0}, "field 'budget_epochs': Input should be greater than 0"),
+        ({"resolution": 1.5}, "field 'resolution': Input should be less than 1"),
+        ({"schedule": "cosine"}, "field 'schedule': Input should be 'constant' or 'linear'"),
         ({"optimizers": ["sgd", "momentun"]}, "field 'optimizers': unknown optimizer 'momentun' (did you mean 'momentum'?)"),
         ({"workloads": ["mnist/fc_128"]}, "field 'workloads': unknown workload 'mnist/fc_128'"),
         ({"search_spaces": {"sgd": {"learning_rate": {"type": "DOUBLE", "min_value": 1, "max_value": 2, "scale": "CUBIC"}}}},
@@ -114,3 +123,18 @@ def test_integer_and_float_goals_are_accepted():
     data = {"workloads": ["mnist/fc_64_64_64"], "optimizers": ["sgd"], "batch_sizes": [16], "trials": 2}
     assert parse_sweep_config({**data, "goal": 0}).goal == 0.0
     assert parse_sweep_config({**data, "goal": 0.05, "grow_factor": 3}).grow_factor == 3.0
+
+
+def test_budget_rule_keys_mirror_the_flags(tmp_path):
+    from batchlab.workloads import get_workload
+
+    path = tmp_path / "sweep.toml"
+    path.write_text('workloads = ["mnist/fc_64_64_64"]\noptimizers = ["sgd"]\nbatch_sizes = [8, 64, 512]\n'
+                    'trials = 2\nbudget_epochs = 1.0\nmin_steps = 100\nmax_steps = 5000\ntrain_examples = 10000\n'
+                    'resolution = 0.1\nschedule = "linear"\n')
+    config = load_sweep_config(path, {"min_steps": 50})
+    workload = get_workload("mnist/fc_64_64_64")
+    assert [config.study_steps(workload, b) for b in (8, 64, 512)] == [1250, 157, 50]
+    assert config.budget_rule(workload) == {"rule": "examples", "examples": 10000, "min_steps": 50, "max_steps": 5000,
+                                            "basis": "epochs", "epochs": 1.0, "train_examples": 10000}
+    assert config.resolution == 0.1 and config.schedule == "linear"

@@ -1,4 +1,4 @@
-"""Stable trial keys, ids and seeds; task grouping; the budget-growth rule."""
+"""Stable trial keys, ids, id blocks and seeds; study definitions; task grouping; the budget-growth rule."""
 
 from __future__ import annotations
 
@@ -6,21 +6,102 @@ import pytest
 
 from batchlab.sweep.budget import ran_out_of_steps
 from batchlab.sweep.config import MAX_TRIALS_PER_STUDY, parse_sweep_config
-from batchlab.sweep.keys import study_digest, trial_id, trial_key, trial_seed
-from batchlab.sweep.plan import make_tasks, plan_studies
+from batchlab.errors import BatchlabError
+from batchlab.store.studies import study_id
+from batchlab.sweep.keys import allocate_blocks, trial_id, trial_key, trial_seed
+from batchlab.sweep.plan import make_tasks, plan_studies, stretch_point, stretch_search_space
+
+BASE = {"workloads": ["mnist/fc_64_64_64"], "optimizers": ["sgd"], "batch_sizes": [8, 32], "trials": 2, "steps": 50}
 
 
-def test_keys_are_stable_and_name_their_parts():
-    digest = study_digest(steps=100, train_examples=None, stop_at_goal=True, search_space={"a": 1})
-    assert digest == study_digest(steps=100, train_examples=None, stop_at_goal=True, search_space={"a": 1})
-    assert digest != study_digest(steps=200, train_examples=None, stop_at_goal=True, search_space={"a": 1})
-    assert digest != study_digest(steps=100, train_examples=None, stop_at_goal=True, search_space={"a": 2})
-    key = trial_key("mnist/fc_64_64_64", "sgd", 16, 3, 0, digest)
-    assert key == f"mnist/fc_64_64_64/sgd|b=16|point=3|seed=0|study={digest}"
+def _study(**change):
+    return plan_studies(parse_sweep_config({**BASE, **change}))[0]
+
+
+def test_keys_name_their_parts_and_their_study_definition():
+    study = _study()
+    definition = study.definition
+    assert study.digest == study_id(definition) and len(study.digest) == 12
+    assert definition["workload"] == "mnist/fc_64_64_64/sgd" and definition["batch_size"] == 8
+    assert definition["train_steps"] == 50 and definition["budget_round"] == 0
+    assert definition["sweep"] == study.sweep and definition["budget_rule"] == {"rule": "fixed", "steps": 50}
+    assert definition["stop_rule"] == {"metric": "val/classification_error", "goal": study.goal, "maximize": False}
+    assert definition["evaluation"]["rule"] == "geometric" and definition["evaluation"]["resolution"] == 0.05
+    key = trial_key("mnist/fc_64_64_64", "sgd", 16, 3, 0, study.digest)
+    assert key == f"mnist/fc_64_64_64/sgd|b=16|point=3|seed=0|study={study.digest}"
+    assert study.trial_plans()[1].key == f"mnist/fc_64_64_64/sgd|b=8|point=1|seed=0|study={study.digest}"
+
+
+def test_study_ids_follow_the_settings_that_define_the_measurement():
+    base = _study()
+    assert _study().digest == base.digest
+    # Not part of the measurement: how it runs, which other batch sizes or optimizers, how many trials.
+    for same in ({"workers": 7}, {"vectorize": "never"}, {"batch_sizes": [8, 32, 128]}, {"trials": 5},
+                 {"optimizers": ["sgd", "adam"]}, {"goal": 0.5}, {"executor": "dask"}):
+        assert _study(**same).digest == base.digest, same
+        assert _study(**same).sweep == base.sweep, same
+    # Part of it: the budget, training set, seed, stop rule, evaluation schedule, search space.
+    for other in ({"steps": 60}, {"train_examples": 1000}, {"seed": 1}, {"stop_at_goal": False},
+                  {"resolution": 0.1}, {"evaluations": 10}, {"schedule": "linear"},
+                  {"search_spaces": {"sgd": {"learning_rate": {"type": "DOUBLE", "min_value": 0.1,
+                                                               "max_value": 1.0, "scale": "LOG"}}}}):
+        assert _study(**other).digest != base.digest, other
+        assert _study(**other).sweep != base.sweep, other
+
+
+def test_id_blocks_keep_studies_apart_and_resume_by_key():
+    a = [(("w/m/sgd", 8), "a", [(0, "a0"), (1, "a1")])]
+    b = [(("w/m/sgd", 8), "b", [(0, "b0"), (1, "b1")])]
+    assert allocate_blocks(a, {}) == [0]
+    assert allocate_blocks(a + b, {}) == [0, 1]
+    # a in the store at block 0: b (another definition) takes the next free block, a keeps its own
+    held = {("w/m/sgd", 8): {0: "a0"}}
+    assert allocate_blocks(b + a, held) == [1, 0]
+    # a block holding any trial (here a `batchlab train` trial, id 1) is not free
+    assert allocate_blocks(b, {("w/m/sgd", 8): {1: "train"}}) == [1]
+    # other (workload, batch size): independent blocks
+    assert allocate_blocks([(("w/m/sgd", 16), "c", [(0, "c0")])], held) == [0]
+    # a stored study found in block 3 (a resumed sweep whose earlier blocks were taken) stays there
+    assert allocate_blocks(a, {("w/m/sgd", 8): {3 * MAX_TRIALS_PER_STUDY + 1: "a1", 0: "x"}}) == [3]
+    with pytest.raises(BatchlabError, match="trial id 1 of a is held by another trial"):
+        allocate_blocks(a, {("w/m/sgd", 8): {0: "a0", 1: "train"}})
+    with pytest.raises(BatchlabError, match="do not follow one id block"):
+        allocate_blocks(a, {("w/m/sgd", 8): {0: "a0", 5: "a1"}})
+
+
+def test_budget_rule_sizes_each_batch_size():
+    config = parse_sweep_config({**BASE, "steps": None, "batch_sizes": [8, 128, 1024]})
+    studies = plan_studies(config)
+    # default: the workload's default_steps x default_batch_size examples, floor default_steps
+    from batchlab.workloads import get_workload
+
+    w = get_workload("mnist/fc_64_64_64")
+    examples = w.default_steps * w.default_batch_size
+    assert [s.steps for s in studies] == [examples // 8, w.default_steps, w.default_steps]
+    assert studies[0].definition["budget_rule"]["rule"] == "examples"
+    config = parse_sweep_config({**BASE, "steps": None, "budget_epochs": 2.0, "min_steps": 100,
+                                 "train_examples": 1000, "batch_sizes": [8, 16, 64], "max_steps": 200})
+    assert [s.steps for s in plan_studies(config)] == [200, 125, 100]
+
+
+def test_grown_rounds_stretch_decay_and_warmup():
+    assert stretch_point({"learning_rate": 0.1, "learning_rate_decay_steps": 30, "warmup_steps": 5}, 2.0) == {
+        "learning_rate": 0.1, "learning_rate_decay_steps": 60, "warmup_steps": 10}
+    space = {"learning_rate_decay_steps": {"type": "INTEGER", "min_value": 25, "max_value": 50, "scale": "LINEAR_SCALE"}}
+    assert stretch_search_space(space, 2.0)["learning_rate_decay_steps"]["max_value"] == 100
+    study = _study(schedule="linear")
+    grown = study.grown(2.0)
+    assert grown.steps == 100 and grown.stretch == 2.0 and grown.budget_round == 1
+    for before, after in zip(study.trial_plans(), grown.trial_plans()):
+        assert after.hyperparameters["learning_rate_decay_steps"] == 2 * before.hyperparameters["learning_rate_decay_steps"]
+        assert after.hyperparameters["learning_rate"] == before.hyperparameters["learning_rate"]
+        assert after.key != before.key
+    assert grown.definition["schedule_stretch"] == 2.0 and grown.definition["budget_round"] == 1
+    assert grown.definition["search_space"]["learning_rate_decay_steps"]["max_value"] == 100
 
 
 def test_ids_and_seeds_derive_from_the_point_index():
-    assert trial_id(5) == 5 and trial_id(5, budget_round=2) == 2 * MAX_TRIALS_PER_STUDY + 5
+    assert trial_id(5) == 5 and trial_id(5, block=2) == 2 * MAX_TRIALS_PER_STUDY + 5
     with pytest.raises(ValueError):
         trial_id(MAX_TRIALS_PER_STUDY)
     seeds = [trial_seed(0, i) for i in range(100)]
@@ -44,8 +125,7 @@ def test_plan_is_deterministic_and_tasks_follow_point_order():
     assert [[t.point_index for t in task.trials] for task in tasks] == [[0, 1], [2, 3], [4]]
     assert all(len(t.trials) == 1 and not t.vectorized for t in make_tasks(studies[0], trials, False, 4))
     grown = studies[0].grown(2.0)
-    assert grown.steps == 100 and grown.trial_plans()[0].trial_id == MAX_TRIALS_PER_STUDY
-    assert grown.trial_plans()[0].key != trials[0].key
+    assert grown.steps == 100 and grown.trial_plans()[0].key != trials[0].key
 
 
 @pytest.mark.parametrize(
@@ -55,6 +135,10 @@ def test_plan_is_deterministic_and_tasks_follow_point_order():
         ([("COMPLETE", None), ("COMPLETE", 40)], False),
         ([("INFEASIBLE", None), ("INFEASIBLE", None)], False),
         ([], False),
+        # a stop-at-goal trial stopped before its budget: no evidence that the budget was too small
+        ([("STOPPED_AT_GOAL", None), ("INFEASIBLE", None)], False),
+        ([("STOPPED_AT_GOAL", 30), ("COMPLETE", None)], False),
+        ([("STOPPED_AT_GOAL", None), ("COMPLETE", None)], True),
     ],
 )
 def test_budget_grows_only_when_every_trial_ran_out_of_steps(outcomes, grow):

@@ -114,9 +114,13 @@ def test_rerun_with_another_goal_only_re_summarizes(tiny_baseline):
     assert summary.trials_run == 0 and summary.trials_skipped == 6
     rows = summary.results["mnist/fc_64_64_64/momentum"]
     assert [r.steps for r in rows] == [1, 1] and summary.goals["mnist/fc_64_64_64/momentum"]["goal"] == 0.95
+    assert [getattr(r, "steps_lower", 0) for r in rows] == [0, 0]  # the bracket (0, 1]
     fit = summary.fits["mnist/fc_64_64_64/momentum"]
-    assert set(fit["critical_batch_sizes"]) == {"mccandlish_b_crit", "overhead_20pct", "perfect_scaling_end",
-                                                "maximal_parallelism_start"}
+    if fit is not None:
+        assert {"mccandlish_b_crit", "overhead_20pct", "perfect_scaling_end",
+                "maximal_parallelism_start"} <= set(fit["critical_batch_sizes"])
+    else:
+        assert summary.fit_errors["mnist/fc_64_64_64/momentum"]
     assert store_contents(path) == base_contents
 
 
@@ -164,21 +168,130 @@ def test_executor_failure_leaves_no_store(tmp_path):
     assert not store.exists()
 
 
-def test_grown_rounds_of_another_grow_factor_are_refused_before_running(tmp_path):
-    import pytest
-
-    from batchlab.errors import BatchlabError
-    from batchlab.sweep.config import parse_sweep_config
+def _inline(fn, **kw):
     from batchlab.sweep.executors import InlineExecutor
 
+    return InlineExecutor(fn)
+
+
+def test_grown_rounds_stretch_the_schedule_and_another_grow_factor_is_kept_apart(tmp_path):
+    from batchlab.store import Store
+    from batchlab.sweep.config import MAX_TRIALS_PER_STUDY, parse_sweep_config
+
+    space = {"learning_rate": {"type": "DOUBLE", "min_value": 0.01, "max_value": 0.02, "scale": "LOG"},
+             "learning_rate_decay_steps": {"type": "INTEGER", "min_value": 2, "max_value": 2, "scale": "LINEAR"}}
     settings = {"workloads": ["mnist/fc_64_64_64"], "optimizers": ["sgd"], "batch_sizes": [8], "trials": 1,
                 "steps": 2, "train_examples": 256, "grow_budget": True, "max_budget_growths": 1,
-                "stop_at_goal": False}
+                "stop_at_goal": False, "search_spaces": {"sgd": space}}
     store = str(tmp_path / "store")
-    summary = run_sweep(prepare_sweep(parse_sweep_config(settings), store),
-                        executor_factory=lambda fn, **kw: InlineExecutor(fn))
-    assert [g["to_steps"] for g in summary.grown] == [4]  # round 1 (trial id 100000) is in the store
+    summary = run_sweep(prepare_sweep(parse_sweep_config(settings), store), executor_factory=_inline)
+    assert [g["to_steps"] for g in summary.grown] == [4]
+    trials = {t["trial_id"]: t for t in Store.open(store).table("trials").to_pylist()}
+    assert sorted(trials) == [0, MAX_TRIALS_PER_STUDY]  # round 1 in its own block
+    decay = {i: json.loads(t["parameters"])["learning_rate_decay_steps"] for i, t in trials.items()}
+    assert decay == {0: 2, MAX_TRIALS_PER_STUDY: 4}  # the decay stretched with the budget
+    (row,) = summary.results["mnist/fc_64_64_64/sgd"]
+    assert row.n_trials == 1 and [r["reported"] for r in summary.studies["mnist/fc_64_64_64/sgd"][8]] == [False, True]
+    # each round is a study of its own in the store, named by the id in its trials' keys
+    con = Store.open(store).connect()
+    try:
+        studies = con.execute("SELECT study_id, definition FROM studies ORDER BY train_steps").fetchall()
+        keys = dict(con.execute("SELECT trial_id, study_id FROM trials").fetchall())
+    finally:
+        con.close()
+    definitions = [json.loads(d) for _, d in studies]
+    assert [(d["budget_round"], d["train_steps"], d["schedule_stretch"]) for d in definitions] == [(0, 2, 1.0), (1, 4, 2.0)]
+    assert definitions[0]["sweep"] == definitions[1]["sweep"] == summary.sweep_id
+    assert definitions[1]["search_space"]["learning_rate_decay_steps"]["max_value"] == 4
+    assert keys == {0: studies[0][0], MAX_TRIALS_PER_STUDY: studies[1][0]}
+    assert all(trials[i]["trial_key"].endswith(f"study={keys[i]}") for i in trials)
+
     prepare_sweep(parse_sweep_config(settings), store)  # the same settings resume
-    other = parse_sweep_config({**settings, "grow_factor": 3.0})  # same round 0, another round 1
-    with pytest.raises(BatchlabError, match="already holds trial 100000 of mnist/fc_64_64_64/sgd"):
-        prepare_sweep(other, store)
+    other = parse_sweep_config({**settings, "grow_factor": 3.0})  # the same round 0, another round 1
+    plan = prepare_sweep(other, store)
+    assert plan.blocks[("mnist/fc_64_64_64/sgd", 8, 0)] == 0 and plan.blocks[("mnist/fc_64_64_64/sgd", 8, 1)] == 2
+    summary = run_sweep(plan, executor_factory=_inline)
+    assert summary.trials_run == 1 and summary.trials_skipped == 1 and summary.grown[0]["to_steps"] == 6
+    assert 2 * MAX_TRIALS_PER_STUDY in {t["trial_id"] for t in Store.open(store).table("trials").to_pylist()}
+
+
+def test_sweep_table_ignores_foreign_trials(tmp_path):
+    """A `batchlab train`-like trial at the same workload and batch size, reaching the goal at step 3,
+    is neither pooled into the sweep's table nor refused: the sweep's trials take the next id block."""
+    from batchlab.store import Store, TrialRecord, publish_trials
+    from batchlab.sweep.config import MAX_TRIALS_PER_STUDY, parse_sweep_config
+
+    store_path = tmp_path / "store"
+    store = Store.open(store_path, create=True)
+    publish_trials(store, [TrialRecord(
+        workload="mnist/fc_64_64_64/sgd", batch_size=8, trial_id=1, trial_key="train-1", parameters={"learning_rate": 0.1},
+        status="COMPLETE", steps=3000, seed=0, source="batchlab train", train_steps=3000,
+        measurements=[(1, "val/classification_error", 0.9), (3, "val/classification_error", 0.0)],
+    )])
+    config = parse_sweep_config({"workloads": ["mnist/fc_64_64_64"], "optimizers": ["sgd"], "batch_sizes": [8],
+                                 "trials": 2, "steps": 3, "train_examples": 256, "stop_at_goal": False,
+                                 "goal": 0.01})
+    summary = run_sweep(prepare_sweep(config, str(store_path)), executor_factory=_inline)
+    (row,) = summary.results["mnist/fc_64_64_64/sgd"]
+    assert row.n_trials == 2 and row.steps is None  # the foreign trial (steps 3) is not in the table
+    assert getattr(row, "censored_at", 3) == 3
+    ids = sorted(t["trial_id"] for t in Store.open(store_path).table("trials").to_pylist())
+    assert ids == [1, MAX_TRIALS_PER_STUDY, MAX_TRIALS_PER_STUDY + 1]
+    # the foreign trial is still in the store, where an analysis of the whole store sees it
+    from batchlab.analysis.steps_to_result import steps_to_result
+
+    con = Store.open(store_path).connect()
+    try:
+        pooled = steps_to_result(con, "mnist/fc_64_64_64/sgd", "val/classification_error", 0.01,
+                                 **({"mix_studies": True} if "mix_studies" in steps_to_result.__code__.co_varnames else {}))
+    finally:
+        con.close()
+    assert pooled[0].steps == 3
+
+
+class _StopAfter(Reporter):
+    """Interrupts the driver (as Ctrl-C would) once ``n`` trials are published."""
+
+    def __init__(self, n):
+        self.n, self.seen = n, 0
+
+    def trial(self, progress, outcome, totals):
+        self.seen += 1
+        if self.seen == self.n:
+            raise KeyboardInterrupt
+
+
+def test_interrupted_sweep_beside_foreign_trials_resumes_into_the_same_id_blocks(tiny_baseline, tmp_path):
+    import pytest
+
+    from batchlab.store import Store, TrialRecord, publish_trials
+    from batchlab.sweep.config import MAX_TRIALS_PER_STUDY
+
+    _, _, (base_trials, base_measurements) = tiny_baseline
+
+    def foreign_store(name):
+        path = tmp_path / name
+        publish_trials(Store.open(path, create=True), [TrialRecord(
+            workload="mnist/fc_64_64_64/momentum", batch_size=8, trial_id=0, trial_key="train-0",
+            parameters={"learning_rate": 0.1}, status="COMPLETE", steps=5, source="batchlab train",
+            measurements=[(5, "val/classification_error", 0.5)])])
+        return path
+
+    path = foreign_store("resumed")
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(prepare_sweep(tiny_config(), str(path)), _StopAfter(2), executor_factory=_inline)
+    summary = run_sweep(prepare_sweep(tiny_config(), str(path)), executor_factory=_inline)
+    assert summary.trials_skipped == 2 and summary.trials_run == 4
+    trials, measurements = store_contents(path)
+    ours = [t for t in trials if t[3] != "train-0"]
+    assert len(trials) == 7 and len({t[3] for t in trials}) == 7
+    # block 0 at b=8 holds the foreign trial, so the sweep's b=8 study took block 1; b=64 kept block 0
+    assert sorted((t[1], t[2]) for t in ours) == sorted(
+        [(8, MAX_TRIALS_PER_STUDY + i) for i in range(3)] + [(64, i) for i in range(3)])
+    # the same trials (keys, seeds, points, statuses) and measurements as the uninterrupted sweep
+    strip = lambda rows: sorted(tuple(r[:2]) + tuple(r[3:]) for r in rows)  # noqa: E731
+    assert strip(ours) == strip(base_trials)
+    assert sorted(m[:2] + m[3:] for m in measurements if not (m[1] == 8 and m[2] == 0)) == sorted(
+        m[:2] + m[3:] for m in base_measurements)
+    (row8, row64) = summary.results["mnist/fc_64_64_64/momentum"]
+    assert row8.n_trials == 3 and row64.n_trials == 3

@@ -31,8 +31,9 @@ def _specs(optimizer, stop_at_goal=False, steps=12):
 
 
 def _assert_same(sequential, vectorized):
-    assert (vectorized.status, vectorized.steps, vectorized.steps_to_goal) == (
-        sequential.status, sequential.steps, sequential.steps_to_goal)
+    assert (vectorized.status, vectorized.steps, vectorized.steps_to_goal, vectorized.steps_lower) == (
+        sequential.status, sequential.steps, sequential.steps_to_goal, sequential.steps_lower)
+    assert vectorized.resolution == sequential.resolution
     assert [m["step"] for m in vectorized.measurements] == [m["step"] for m in sequential.measurements]
     for a, b in zip(sequential.measurements, vectorized.measurements):
         assert a.keys() == b.keys()
@@ -65,7 +66,8 @@ def test_stop_at_goal_and_group_size_do_not_change_a_trial(monkeypatch):
     alone = run_trials_vectorized([specs[0]])[0]
     sequential = [run_trial(spec) for spec in specs]
     assert together[0].steps_to_goal is not None and together[0].steps == together[0].steps_to_goal == 8
-    assert together[1].steps == 12
+    assert together[0].status == "STOPPED_AT_GOAL" and together[0].steps_lower == 4
+    assert together[1].steps == 12 and together[1].status == "COMPLETE" and together[1].steps_lower is None
     assert alone.measurements == together[0].measurements
     for s, v in zip(sequential, together):
         _assert_same(s, v)
@@ -81,3 +83,28 @@ def test_what_cannot_be_vectorized_is_named():
     ema[0].hyperparameters = {"learning_rate": 0.1, "ema_decay": 0.9}
     with pytest.raises(BatchlabError, match="ema_decay is not vectorized"):
         run_trials_vectorized(ema)
+
+
+@pytest.mark.parametrize("refine", ["replay", "dense"])
+def test_default_schedule_goal_steps_match_sequential(monkeypatch, refine):
+    # the default schedule: every metric at the full steps, the goal split alone at the resolution
+    # steps: all of them (dense), or those of the bracket where the goal is first met (replay)
+    specs = _specs("momentum", steps=60, stop_at_goal=refine == "replay")
+    for spec in specs:
+        spec.evaluation_steps, spec.evaluations, spec.resolution, spec.refine = None, 4, 0.2, refine
+    specs.append(replace(specs[0], hyperparameters={"learning_rate": 0.05, "momentum": 0.9}, seed=30))
+    workload = registry.WORKLOADS["mnist/fc_64_64_64"]
+    monkeypatch.setitem(registry.WORKLOADS, workload.name, replace(workload, goal=0.8))
+    vectorized = run_trials_vectorized(specs)
+    goal_only = 0
+    for spec, result in zip(specs, vectorized):
+        sequential = run_trial(spec)
+        _assert_same(sequential, result)
+        goal_only += sum("train/cross_entropy_error" not in m for m in result.measurements)
+        if refine == "replay" and result.steps_to_goal is not None:
+            assert result.status == "STOPPED_AT_GOAL" and result.steps == result.steps_to_goal
+    assert goal_only > 0
+    assert any(r.steps_to_goal not in {1, 2, 3, 5, 8, 12, 15, 30, 45, 60} for r in vectorized if r.steps_to_goal)
+    different = _specs("momentum")
+    different[1].resolution = 0.1
+    assert vectorization_obstacle(different) == "trials differ in resolution"

@@ -15,7 +15,7 @@ from batchlab.train.evaluation import (
 )
 from batchlab.workloads import get_workload
 
-FC_SCHEDULE = get_workload("mnist/fc_128_128_128").evaluation_steps(3000)
+FC_SCHEDULE = get_workload("mnist/fc_128_128_128").full_evaluation_steps(3000)
 FULL = {"train": 2000, "val": 5000}
 
 

@@ -70,3 +70,25 @@ def test_bad_study_writes_nothing(tmp_path):
     with pytest.raises(BatchlabError, match="batch size 100 is out of range"):
         run_study("mnist/fc_64_64_64", "sgd", 100, trials=2, store=store, steps=5, train_examples=64)
     assert store.table("trials").num_rows == 0 and store.pending_headers() == []
+
+
+def test_best_trial_counts_trials_stopped_at_the_goal():
+    trials = [trial(1, steps_to_goal=40), trial(2, status="STOPPED_AT_GOAL", steps_to_goal=30)]
+    assert best_trial(trials).trial_id == 2
+    assert best_final_trial(trials).trial_id == 1  # a stopped trial's last evaluation is not at the budget
+
+
+def test_a_study_is_one_definition_and_stopped_trials_say_so(tmp_path, easy_workload):
+    store = Store.open(tmp_path / "s", create=True)
+    result = run_study(easy_workload, "momentum", 64, trials=3, store=store, steps=16, train_examples=512, seed=0,
+                       stop_at_goal=True, resolution=0.1)
+    con = store.connect()
+    rows = con.execute("select trial_id, status, steps, study_id from trials order by trial_id").fetchall()
+    assert len({r[3] for r in rows}) == 1  # every trial of the study under one definition
+    stopped = [t for t in result.trials if t.status == "STOPPED_AT_GOAL"]
+    assert stopped and all(t.steps == t.steps_to_goal < 16 for t in stopped)
+    assert result.best.status == "STOPPED_AT_GOAL"
+    definition = json.loads(con.execute("select definition from studies").fetchone()[0])
+    assert definition["source"] == "batchlab study" and definition["seed"] == 0
+    assert definition["stop_rule"] == {"metric": "val/classification_error", "goal": 0.75, "maximize": False}
+    assert definition["evaluation"] == {"rule": "geometric", "resolution": 0.1, "refine": "replay"}

@@ -63,6 +63,113 @@ def test_same_seed_gives_identical_measurements_and_other_seeds_differ():
 def test_default_schedule_is_the_workloads(tmp_path):
     result = run_trial(spec(steps=12, evaluation_steps=None))
     assert [m["step"] for m in result.measurements] == get_workload("mnist/fc_64_64_64").evaluation_steps(12)
+    assert [m["step"] for m in result.measurements] == list(range(1, 13))  # every step below 1/r = 20
+    assert result.resolution == 0.0
+
+
+def test_goal_only_steps_measure_the_goal_split_and_full_steps_everything():
+    result = run_trial(spec(steps=200, evaluation_steps=None, evaluations=4, refine="dense"))
+    workload = get_workload("mnist/fc_64_64_64")
+    full = set(workload.full_evaluation_steps(200, num_regular=4))
+    assert full == {1, 2, 3, 5, 8, 12, 18, 27, 41, 50, 100, 150, 200}
+    steps = [m["step"] for m in result.measurements]
+    assert steps == workload.evaluation_steps(200, num_regular=4) and set(steps) > full
+    for row in result.measurements:
+        expected = {"step", "val/cross_entropy_error", "val/classification_error"}
+        if row["step"] in full:
+            expected |= {"train/cross_entropy_error", "train/classification_error"}
+        assert set(row) == expected
+    assert 0.04 < result.resolution <= 0.05 + 1e-12
+
+
+REPLAY_CASES = [
+    ("sgd", {"learning_rate": 0.3}),
+    ("momentum", {"learning_rate": 0.05, "momentum": 0.9, "learning_rate_decay_steps": 150, "end_learning_rate_factor": 0.1}),
+    ("nesterov", {"learning_rate": 0.05, "momentum": 0.9, "warmup_steps": 20}),
+    ("adam", {"learning_rate": 0.003}),
+    ("lars", {"learning_rate": 0.5, "momentum": 0.9}),
+    ("lamb", {"learning_rate": 0.01}),
+    ("kfac", {"learning_rate": 0.05, "momentum": 0.9}),
+    ("momentum", {"learning_rate": 0.05, "momentum": 0.9, "ema_decay": 0.9}),
+]
+
+
+@pytest.mark.parametrize("optimizer, hyperparameters", REPLAY_CASES)
+def test_replay_refines_the_bracket_like_dense_evaluation(tmp_path, optimizer, hyperparameters, easy_workload, monkeypatch):
+    import dataclasses
+
+    from batchlab.workloads import registry
+
+    workload = registry.WORKLOADS[easy_workload]
+    monkeypatch.setitem(registry.WORKLOADS, easy_workload, dataclasses.replace(workload, goal=0.5, schedule=dataclasses.replace(workload.schedule, num_regular=4)))
+    common = dict(workload=easy_workload, optimizer=optimizer, batch_size=32, hyperparameters=hyperparameters, steps=200,
+                  train_examples=512, seed=3, resolution=0.1)
+    dense = run_trial(TrialSpec(**common, refine="dense"))
+    store = Store.open(tmp_path / "s", create=True)
+    replayed = run_trial(TrialSpec(**common), store=store)
+    assert dense.steps_to_goal is not None, (optimizer, dense.measurements[-1])
+    # what replay must find: the first resolution step meeting the goal after the last full step that does not
+    full = set(get_workload(easy_workload).full_evaluation_steps(200))
+    met = {m["step"]: m["val/classification_error"] < 0.5 for m in dense.measurements}
+    reaching_full = min(t for t in full if met.get(t))
+    previous_full = max([t for t in full if t < reaching_full], default=0)
+    expected = min(t for t in met if previous_full < t <= reaching_full and met[t])
+    lower = max([t for t in met if t < expected], default=0)
+    assert (replayed.steps_to_goal, replayed.steps_lower, replayed.status) == (expected, lower, dense.status)
+    if dense.steps_to_goal > previous_full:  # no earlier passage between full steps: the same bracket
+        assert (dense.steps_to_goal, dense.steps_lower) == (expected, lower)
+    goal_rows = [m["step"] for m in replayed.measurements if m["step"] not in full]
+    assert goal_rows == [t for t in sorted(met) if previous_full < t <= expected and t not in full]
+    assert replayed.steps == dense.steps
+    dense_rows = {m["step"]: m for m in dense.measurements}
+    for row in replayed.measurements:  # the replayed copy follows the trial's own trajectory exactly
+        assert row == dense_rows[row["step"]]
+    stopped = run_trial(TrialSpec(**common, stop_at_goal=True))
+    assert (stopped.status, stopped.steps, stopped.steps_to_goal) == ("STOPPED_AT_GOAL", expected, expected)
+    assert stopped.measurements == [m for m in replayed.measurements if m["step"] <= expected]
+    rows = store.connect().execute("select count(*) from measurements").fetchone()[0]
+    assert rows == sum(len(m) - 1 for m in replayed.measurements)
+
+
+def test_brackets_contain_the_true_first_passage(monkeypatch):
+    """A deterministic trial measured at every step gives the true first passage of a goal; the default
+    schedule's bracket (steps_lower, steps_to_goal] must contain it and be at most a factor 1 + r (or
+    one step) wide, whenever the metric stays past the goal once it passed it (here the validation
+    cross entropy at a small learning rate, which falls almost monotonically). For any metric,
+    steps_to_goal is an evaluation where the goal is met and steps_lower one where it is not."""
+    import dataclasses
+
+    from batchlab.workloads import registry
+
+    workload = get_workload("mnist/fc_64_64_64")
+    smooth = dataclasses.replace(workload, metric="val/cross_entropy_error",
+                                 eval_examples={"train": 200, "val": 1000, "test": None})
+    monkeypatch.setitem(registry.WORKLOADS, workload.name, smooth)
+    base = dict(workload=workload.name, optimizer="sgd", batch_size=32, hyperparameters={"learning_rate": 0.05},
+                steps=300, train_examples=1024, seed=2)
+    every = run_trial(TrialSpec(**base, evaluation_steps=list(range(1, 301))))
+    values = {m["step"]: m["val/cross_entropy_error"] for m in every.measurements}
+    clean = set()
+    for k in (60, 100, 150, 190, 230, 270):
+        goal = max(values[t] for t in range(k, 301)) + 1e-7  # met at every step from k on
+        truth = min(t for t, v in values.items() if v < goal)  # the true first passage
+        monkeypatch.setitem(registry.WORKLOADS, workload.name, dataclasses.replace(smooth, goal=goal))
+        for resolution, refine in ((0.05, "replay"), (0.05, "dense"), (0.2, "replay")):
+            result = run_trial(TrialSpec(**base, resolution=resolution, refine=refine))
+            for row in result.measurements:  # the same trajectory, measured more sparsely
+                assert row["val/cross_entropy_error"] == values[row["step"]]
+            lower, upper = result.steps_lower, result.steps_to_goal
+            assert truth <= upper and values[upper] < goal and (lower == 0 or values[lower] >= goal)
+            assert upper <= max(lower + 1, (1 + resolution) * lower)
+            if all(values[t] < goal for t in range(truth, 301)):  # once met, met for good
+                assert lower < truth <= upper, (goal, resolution, lower, truth, upper)
+                clean.add(truth)
+                if k == 230 and refine == "replay" and resolution == 0.05:  # another budget: the same bracket
+                    other = run_trial(TrialSpec(**{**base, "steps": 280}, resolution=resolution))
+                    assert (other.steps_lower, other.steps_to_goal) == (lower, upper)
+                    clean.add("another budget")
+    assert "another budget" in clean
+    assert len({t for t in clean if t != "another budget" and t > 45}) >= 4, clean  # past the every-step part
 
 
 def test_stop_at_goal_stops_at_the_first_evaluation_beating_it(tmp_path, easy_workload):
@@ -73,15 +180,46 @@ def test_stop_at_goal_stops_at_the_first_evaluation_beating_it(tmp_path, easy_wo
     reached = [m["step"] for m in full.measurements if m["val/classification_error"] < 0.75]
     assert reached and full.steps_to_goal == reached[0] < 60
 
+    assert full.steps_lower == full.steps_to_goal - 2  # the evaluation before the reaching one
+
     stopped = run_trial(spec(workload=easy_workload, steps=60, evaluation_steps=every, stop_at_goal=True), store=store)
-    assert stopped.status == "COMPLETE"
+    assert stopped.status == "STOPPED_AT_GOAL"  # not COMPLETE: it did not run its budget
     assert stopped.steps == stopped.steps_to_goal == full.steps_to_goal
+    assert stopped.steps_lower == full.steps_lower
     assert stopped.measurements == full.measurements[: len(stopped.measurements)]
     assert stopped.measurements[-1]["step"] == stopped.steps_to_goal
     con = store.connect()
-    assert con.execute("select status, steps from trials").fetchone() == ("COMPLETE", stopped.steps)
-    assert con.execute("select early_stopping from studies").fetchone() == (True,)
+    assert con.execute("select status, steps from trials").fetchone() == ("STOPPED_AT_GOAL", stopped.steps)
+    early, definition = con.execute("select early_stopping, definition from studies").fetchone()
+    assert early is True
+    definition = json.loads(definition)
+    assert definition["stop_rule"] == {"metric": "val/classification_error", "goal": 0.75, "maximize": False}
+    assert definition["evaluation"] == {"rule": "steps", "steps": every}
+    assert definition["source"] == "batchlab train" and definition["train_steps"] == 60
+    assert definition["workload"] == f"{easy_workload}/momentum" and definition["train_examples"] == 512
     assert con.execute("select max(step) from measurements").fetchone() == (stopped.steps_to_goal,)
+
+
+def test_stopping_at_the_last_step_is_complete(easy_workload):
+    full = run_trial(spec(workload=easy_workload, steps=60, evaluation_steps=[1, 60]))
+    assert full.steps_to_goal == 60 and full.steps_lower == 1
+    stopped = run_trial(spec(workload=easy_workload, steps=60, evaluation_steps=[1, 60], stop_at_goal=True))
+    assert (stopped.status, stopped.steps) == ("COMPLETE", 60)  # it ran its whole budget
+
+
+def test_default_study_definition_and_a_given_one(tmp_path):
+    from batchlab.store.studies import make_study_definition, study_id
+
+    store = Store.open(tmp_path / "s", create=True)
+    result = run_trial(spec(evaluation_steps=None, steps=30, resolution=0.1, data_seed=4), store=store)
+    assert result.study_definition["evaluation"] == {"rule": "geometric", "resolution": 0.1, "refine": "replay"}
+    assert result.study_definition["stop_rule"] is None and result.study_definition["seed"] == 4
+    given = make_study_definition(workload="mnist/fc_64_64_64/momentum", batch_size=64, train_steps=30,
+                                  evaluation={"rule": "geometric", "resolution": 0.1}, source="test", sweep="abc")
+    run_trial(spec(evaluation_steps=None, steps=30, resolution=0.1, study_definition=given, seed=1), store=store)
+    con = store.connect()
+    ids = dict(con.execute("select trial_id, study_id from trials").fetchall())
+    assert ids == {1: study_id(result.study_definition), 2: study_id(given)}
 
 
 def test_huge_learning_rate_is_infeasible_and_recorded(tmp_path):
@@ -106,15 +244,20 @@ def test_slowly_exploding_loss_is_infeasible_too():
 
 def test_eval_budget_thins_the_schedule_and_keeps_the_format(tmp_path):
     store = Store.open(tmp_path / "s", create=True)
-    full = run_trial(spec(steps=60, evaluation_steps=None, batch_size=16))
-    budgeted = run_trial(spec(steps=60, evaluation_steps=None, batch_size=16, eval_budget=0.5), store=store)
+    full = run_trial(spec(steps=60, evaluation_steps=None, batch_size=16, refine="dense"))
+    budgeted = run_trial(spec(steps=60, evaluation_steps=None, batch_size=16, eval_budget=0.5, refine="dense"), store=store)
     default_steps = [m["step"] for m in full.measurements]
     steps = [m["step"] for m in budgeted.measurements]
     assert steps[-1] == 60 and set(steps) < set(default_steps)
-    assert [set(m) for m in budgeted.measurements] == [set(full.measurements[0])] * len(steps)
+    full_rows = [m for m in budgeted.measurements if "train/cross_entropy_error" in m]
+    goal_rows = [m for m in budgeted.measurements if "train/cross_entropy_error" not in m]
+    assert full_rows and goal_rows and full_rows[-1]["step"] == 60
+    assert all(set(m) == set(full.measurements[0]) for m in full_rows)
+    assert all(set(m) == {"step", "val/cross_entropy_error", "val/classification_error"} for m in goal_rows)
     assert budgeted.steps == full.steps and budgeted.status == full.status
+    assert budgeted.resolution > full.resolution  # the budget coarsened the resolution steps
     # the shared steps measure the same model; only the evaluation subsets differ
-    assert store.table("measurements").num_rows == 4 * len(steps)
+    assert store.table("measurements").num_rows == 4 * len(full_rows) + 2 * len(goal_rows)
 
 
 def test_train_eval_examples_only_changes_train_metrics():

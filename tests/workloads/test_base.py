@@ -5,6 +5,7 @@ import torch
 
 from batchlab.errors import BatchlabError
 from batchlab.workloads import get_workload
+from batchlab.workloads.schedule import resolution_steps
 
 FC = "mnist/fc_64_64_64"
 
@@ -64,7 +65,11 @@ def test_evaluate_train_split_uses_a_capped_fixed_subset():
 def test_evaluation_steps_uses_the_workload_schedule_and_overrides():
     w = get_workload(FC)
     assert w.evaluation_steps(1000)[-1] == 1000
-    assert w.evaluation_steps(1000, num_regular=5)[-5:] == [200, 400, 600, 800, 1000]
+    assert w.full_evaluation_steps(1000, num_regular=5)[-5:] == [200, 400, 600, 800, 1000]
+    assert w.evaluation_steps(1000, num_regular=5) == sorted(set(w.full_evaluation_steps(1000, num_regular=5)) | set(resolution_steps(1000)))
+    assert w.evaluation_steps(1000, resolution=None) == w.full_evaluation_steps(1000)  # the schedule before resolution steps
+    assert w.evaluation_steps(1000, resolution=0.2)[-3:] == [926, 960, 1000]
+    assert w.goal_split == "val"
     with pytest.raises(BatchlabError, match="unknown evaluation schedule setting"):
         w.evaluation_steps(1000, every=3)
 

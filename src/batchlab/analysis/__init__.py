@@ -6,10 +6,15 @@ Modules (import what you need; this package imports nothing heavy on its own):
 * ``critical_batch_size``: the S(B) = S_min + E_min / B fit, named critical batch sizes, regimes.
 * ``tables``: the four store views (workloads, studies, trials, measurements); ``connect_tables``
   builds them from pandas/Arrow tables.
-* ``selection``: :class:`Selection` (workload, metric, goal, maximize, statuses, max_trials, budgets).
-* ``steps_to_result``: steps to result per batch size with Shallue et al.'s exact rules, in DuckDB.
+* ``selection``: :class:`Selection` (workload, metric, goal, maximize, statuses, studies,
+  mix_studies, max_trials, budgets) and the study rules (one study definition per batch size,
+  stop-at-goal compatibility, the paper's trial counts).
+* ``steps_to_result``: steps to result per batch size with Shallue et al.'s exact rules, in DuckDB,
+  with each value's resolution bracket (``steps_lower``, ``censored_at``) and studies.
 * ``budgets``: the best measurement under a step or example budget.
 * ``metaparameters``: the best trials' learning rate / momentum / effective learning rate, the
   linear and square-root heuristics, and every trial's outcome for the (lr, 1 - momentum) scatter.
-* ``bootstrap``: percentile intervals for the fit and named critical batch sizes by resampling trials.
+* ``bootstrap``: intervals for steps to result, the fit and the named critical batch sizes
+  (docs/methods.md says which quantity each interval is for and how its coverage was checked).
+* ``steps_table``: the same fit for a plain table of steps per batch size (CSV or Parquet), per group.
 """

@@ -1,21 +1,29 @@
-"""Confidence intervals for the S(B) fit and the named critical batch sizes: a bootstrap over trials.
+"""Intervals for steps to result and the critical batch size, with their target quantities stated.
 
-Procedure (seeded, so the same inputs and seed give the same intervals):
+(The module keeps its historical name; the plain bootstrap of a minimum is gone: a resampled minimum
+never falls below the sample's, so its intervals start at the point estimate and under-cover.)
+Methods, targets and measured coverage are in docs/methods.md ("Intervals").
 
-1. For each batch size take the selected trials' first qualifying steps (``inf`` for a trial that
-   never reached the goal; see :func:`batchlab.analysis.steps_to_result.trial_first_steps`).
-2. For each of ``n_boot`` replicates, resample the trials *within each batch size* with replacement
-   (as many as there are), recompute steps to result as the minimum over the resampled trials
-   (``inf`` = not reached, censored), and refit ``S(B) = S_min + E_min / B``
-   (:func:`batchlab.analysis.critical_batch_size.fit_steps`).
-3. A replicate whose fit fails (fewer than two reached batch sizes) is counted in ``n_failed`` and
-   left out. Intervals are percentile intervals of the successful replicates: the empirical
-   ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles (inverted CDF, so an infinite replicate,
-   e.g. ``B_crit`` with no visible plateau, stays infinite rather than turning into NaN).
-
-The point estimates come from the full data (every trial once), exactly as ``steps_to_result``.
-Replicates are often identical (the best trial is drawn again), so each distinct replicate curve is
-fitted once.
+* **Steps at a batch size** (``steps_interval``). Target: the *median of the best-of-K-trials steps*
+  at that batch size, K = the number of selected trials there (what a rerun of the same study, same
+  K, would give half the time or better). Method: an order statistic of the K trials' first
+  qualifying steps. The median lies below the k-th smallest trial value with probability
+  ``P(Binomial(K, p) <= k - 1)``, ``p = 1 - 0.5**(1/K)`` exactly (distribution-free); ``k`` is chosen
+  so this exact coverage is closest to the level (``k = 2`` gives 85-87% for every K >= 2).
+  The interval is **one-sided**: ``[None, upper]``. No distribution-free lower bound exists (the
+  best trial lies below the median only half the time, and nothing in K samples says how far below
+  the minimum the median could be), so the lower side is ``None`` with a note.
+* **B_crit, S_min, E_min and the fit-derived named batch sizes**. Target: the parameters of the
+  hyperbola that the measured minima scatter about (when every batch size's best-of-K distribution
+  has the same shape, the hyperbola through the best-of-K medians). Method: profile likelihood of
+  the censored, bracket-weighted fit (:func:`batchlab.analysis.critical_batch_size.profile_intervals`):
+  the B_crit values whose profiled objective is within an F (or chi-square) quantile of the
+  minimum, with the scatter beyond the resolution brackets estimated from the residuals. Two-sided;
+  ``None`` on a side that is unbounded (e.g. ``B_crit`` with no plateau). S_min and E_min are their
+  ranges over that B_crit set; the other named batch sizes are monotone in B_crit.
+* **Data-read regime bounds** are measured batch sizes: no interval; ``regime_fractions`` give the
+  share of trial-resampled curves (``n_boot`` replicates, seeded) putting each batch size in each
+  regime, a descriptive stability measure.
 """
 
 from __future__ import annotations
@@ -27,13 +35,15 @@ import duckdb
 import numpy as np
 
 from batchlab.analysis.critical_batch_size import (
-    DEFINITIONS,
     DIMINISHING_RETURNS,
     MAXIMAL_DATA_PARALLELISM,
     PERFECT_SCALING,
+    REGISTRY,
     ScalingFit,
-    critical_batch_sizes,
-    fit_steps,
+    fit_steps_curve,
+    observation_arrays,
+    profile_intervals,
+    read_regimes,
     regime,
 )
 from batchlab.analysis.curve import StepsCurve, curve_from_arrays
@@ -44,51 +54,99 @@ from batchlab.errors import BatchlabError
 REGIMES = (PERFECT_SCALING, DIMINISHING_RETURNS, MAXIMAL_DATA_PARALLELISM)
 FIT_PARAMETERS = ("s_min", "e_min")
 
+STEPS_TARGET = "median of the best-of-K-trials steps at this batch size (K = n_trials)"
+STEPS_METHOD = "order statistic of the K trials' first qualifying steps (exact binomial coverage, distribution-free)"
+STEPS_NOTE = ("one-sided: no distribution-free lower bound exists for the median of a minimum of K trials "
+              "(the best trial lies below it only half the time)")
+FIT_TARGET = "parameter of the hyperbola S(B) = S_min + E_min / B that the measured minima scatter about"
+FIT_METHOD = ("profile likelihood of the censored, bracket-weighted fit; scatter beyond the brackets estimated "
+              "from the residuals (F quantile), or the brackets alone (chi-square quantile)")
+
+
+def best_of_k_upper(values: np.ndarray, level: float) -> tuple[float | None, int | None, float | None]:
+    """Order-statistic upper bound for the median of the best-of-K distribution.
+
+    Returns ``(upper, k, coverage)``: the k-th smallest of the K ``values`` (``inf`` = not reached)
+    and its exact coverage; ``(None, None, best coverage)`` when no k reaches within 0.1 of
+    ``level`` (e.g. one trial) and ``upper = None`` when the k-th trial never reached the goal.
+    """
+    from scipy.stats import binom
+
+    values = np.sort(np.asarray(values, dtype=float))
+    k_trials = values.size
+    if k_trials == 0:
+        return None, None, None
+    p = 1.0 - 0.5 ** (1.0 / k_trials)
+    coverage = binom.cdf(np.arange(k_trials), k_trials, p)  # coverage[k-1] for the k-th smallest
+    k = int(np.argmin(np.abs(coverage - level))) + 1
+    if abs(coverage[k - 1] - level) > 0.1:
+        return None, None, float(coverage[k - 1])
+    upper = values[k - 1]
+    return (float(upper) if np.isfinite(upper) else None), k, float(coverage[k - 1])
+
 
 @dataclass(frozen=True)
 class CriticalBatchSizeEstimate:
-    """The S(B) fit, named critical batch sizes with bootstrap intervals, and each batch size's regime.
+    """The S(B) fit, named critical batch sizes with intervals, and each batch size's regime.
 
     Attributes:
         curve: steps to result from all trials (``None`` steps = not reached).
         fit: the fit to ``curve``.
         estimates: point values of ``s_min``, ``e_min`` and every named critical batch size.
-        intervals: ``{name: (low, high)}`` percentile intervals for the same names.
-        level: the interval's nominal coverage (e.g. 0.9).
-        n_boot: replicates drawn; n_failed: replicates whose fit failed (left out of the intervals).
-        seed: the bootstrap seed; tolerance: the regime tolerance (science.md 5).
-        regimes: one dict per batch size: ``batch_size``, ``steps``, ``steps_interval`` (percentile
-            interval of the replicate steps; ``None`` bounds = not reached), ``regime`` under the point
-            fit and ``regime_fractions`` (share of successful replicates putting it in each regime).
+        intervals: ``{name: (low, high)}`` (``None`` = no bound on that side).
+        level: the intervals' nominal coverage (e.g. 0.9).
+        n_boot: trial-resampling replicates for the regime shares; n_failed: replicates with fewer
+            than two reached batch sizes (no regimes).
+        seed: the resampling seed; tolerance: the regime tolerance.
+        regimes: one dict per batch size (see :meth:`to_dict`).
+        summary: :func:`batchlab.analysis.critical_batch_size.summarize_curve`-style details.
     """
 
     curve: StepsCurve
     fit: ScalingFit
-    estimates: dict[str, float]
-    intervals: dict[str, tuple[float, float]]
+    estimates: dict[str, float | None]
+    intervals: dict[str, tuple[float | None, float | None]]
     level: float
     n_boot: int
     n_failed: int
     seed: int
     tolerance: float
     regimes: list[dict] = field(default_factory=list)
+    interval_notes: dict[str, dict] = field(default_factory=dict)
+    data_regimes: dict = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         """JSON-ready summary (infinite values become ``None``)."""
         named = {}
-        for name, value in self.estimates.items():
+        for d in REGISTRY:
+            low, high = self.intervals[d.name]
+            named[d.name] = {"value": _finite(self.estimates[d.name]), "low": _finite(low), "high": _finite(high),
+                             "definition": d.definition, "source": d.source, "interval": self.interval_notes[d.name]}
+            if d.source == "data":
+                named[d.name].update({k: v for k, v in self.data_regimes[d.name].items() if k != "value"})
+        params = {}
+        for name in FIT_PARAMETERS:
             low, high = self.intervals[name]
-            named[name] = {"value": _finite(value), "low": _finite(low), "high": _finite(high)}
-            if name in DEFINITIONS:
-                named[name]["definition"] = DEFINITIONS[name]
+            params[name] = {"value": _finite(self.estimates[name]), "low": _finite(low), "high": _finite(high),
+                            "interval": self.interval_notes[name]}
         return {
             "label": self.curve.label,
             "fit": self.fit.to_dict(),
-            "critical_batch_sizes": {k: v for k, v in named.items() if k in DEFINITIONS},
-            "fit_intervals": {k: v for k, v in named.items() if k in FIT_PARAMETERS},
+            "b0": self.fit.b0,
+            "batch_size_range": [self.fit.smallest_batch_size, self.fit.largest_batch_size],
+            "points_used": self.fit.n_points,
+            "measured_batch_sizes": self.data_regimes["measured_batch_sizes"],
+            "extrapolated": self.fit.extrapolated,
+            "warnings": list(self.warnings),
+            "s_min": {"fit": self.fit.s_min, "measured": self.data_regimes["s_min_measured"]},
+            "critical_batch_sizes": named,
+            "fit_intervals": params,
+            "level": self.level,
             "bootstrap": {"n_boot": self.n_boot, "n_failed": self.n_failed, "level": self.level, "seed": self.seed},
             "tolerance": self.tolerance,
             "regimes": self.regimes,
+            "data_regimes": self.data_regimes,
         }
 
 
@@ -100,16 +158,22 @@ def bootstrap_critical_batch_size(
     tolerance: float = 0.1,
     label: str = "",
     metadata: dict | None = None,
+    steps_lower: Mapping[int, int | None] | None = None,
+    censored_at: Mapping[int, int | None] | None = None,
+    b0: float | None = None,
 ) -> CriticalBatchSizeEstimate:
-    """Fit S(B) to all trials and bootstrap intervals by resampling trials within each batch size.
+    """Fit S(B) to all trials, with intervals (see the module docstring) and regime shares.
 
     Args:
         trial_steps: ``{batch_size: array of each selected trial's first qualifying step}``, ``inf``
             for trials that never reached the goal; an empty array is a batch size without trials.
-        n_boot: number of bootstrap replicates (>= 1).
-        level: nominal coverage of the percentile intervals, in (0, 1).
+        n_boot: trial-resampling replicates for the regime shares (>= 1).
+        level: nominal coverage of the intervals, in (0, 1).
         seed: seed of the resampling (``numpy.random.default_rng``), an integer >= 0.
-        tolerance: regime tolerance passed to the named critical batch sizes and regimes.
+        tolerance: regime tolerance, in (0, 1).
+        steps_lower: ``{batch_size: steps_lower}`` of the best trial's bracket (``None``: exact).
+        censored_at: ``{batch_size: censored_at}`` where no trial reached the goal.
+        b0: batch size perfect scaling is measured from (default: the smallest reached one).
 
     Raises:
         BatchlabError: bad ``n_boot``/``level``/``seed``, or fewer than two batch sizes reached the goal.
@@ -123,45 +187,109 @@ def bootstrap_critical_batch_size(
     batch_sizes = np.array(sorted(int(b) for b in trial_steps), dtype=float)
     per_batch = [np.asarray(trial_steps[int(b)], dtype=float) for b in batch_sizes]
     point_steps = np.array([s.min() if s.size else np.inf for s in per_batch])
-    curve = curve_from_arrays(batch_sizes, point_steps, label=label, metadata=metadata)
-    reached = np.isfinite(point_steps)
-    point_fit = fit_steps(batch_sizes[reached], point_steps[reached], label=label)  # raises if < 2 reached
-    names = [*FIT_PARAMETERS, *critical_batch_sizes(point_fit, tolerance)]
-    estimates = _named_values(point_fit, tolerance)
+    lower = None
+    if steps_lower is not None and any(steps_lower.get(int(b)) is not None for b in batch_sizes):
+        lower = [steps_lower.get(int(b)) if np.isfinite(s) else None for b, s in zip(batch_sizes, point_steps)]
+    censored = None
+    if censored_at is not None and any(censored_at.get(int(b)) is not None for b in batch_sizes):
+        censored = [None if np.isfinite(s) else censored_at.get(int(b)) for b, s in zip(batch_sizes, point_steps)]
+    curve = curve_from_arrays(batch_sizes, point_steps, label=label, metadata=metadata, steps_lower=lower,
+                              censored_at=censored)
+    point_fit = fit_steps_curve(curve, b0=b0)  # raises if < 2 reached
+    data = read_regimes(curve, tolerance, b0=point_fit.b0 if b0 is not None else None)
+    estimates: dict[str, float | None] = {"s_min": point_fit.s_min, "e_min": point_fit.e_min}
+    for d in REGISTRY:
+        estimates[d.name] = d.function(point_fit, tolerance, point_fit.b0, data)
 
-    replicates = _resampled_steps(per_batch, n_boot, np.random.default_rng(seed))  # (n_boot, n_batch)
+    b, y, v, kind = observation_arrays(curve)
+    prof = profile_intervals(b, y[None], v[None], kind[None], level=level, sigma_floor=point_fit.sigma_floor)
+    pick = lambda key: float(prof[key][0])  # noqa: E731
+    b_low, b_high = pick("b_crit_low"), pick("b_crit_high")
+    fit_note = {"target": FIT_TARGET, "method": FIT_METHOD, "two_sided": True, "note": None,
+                "scatter": _finite(pick("scatter")) if np.isfinite(pick("scatter")) else None}
+    intervals: dict[str, tuple[float | None, float | None]] = {}
+    notes: dict[str, dict] = {}
+    no_interval = not (np.isfinite(b_low) or np.isinf(b_low)) or np.isnan(b_low)
+    for name, (low, high) in {
+        "s_min": (pick("s_min_low"), pick("s_min_high")),
+        "e_min": (pick("e_min_low"), pick("e_min_high")),
+    }.items():
+        intervals[name] = (None, None) if no_interval else (low, high)
+        notes[name] = dict(fit_note, note="range of the profiled value over the B_crit interval")
+    transforms = {
+        "mccandlish_b_crit": lambda x: x,
+        "overhead_20pct": lambda x: 0.2 * x + 1.2 * point_fit.b0,
+        "fit_perfect_scaling_end": lambda x: tolerance * x,
+        "fit_maximal_parallelism_start": lambda x: x / tolerance if x > 0 else 0.0,
+    }
+    for d in REGISTRY:
+        if d.source == "data":
+            intervals[d.name] = (None, None)
+            notes[d.name] = {"target": None, "method": None, "two_sided": False,
+                             "note": "a measured batch size read from the data: no interval (see regime_fractions)"}
+            continue
+        if no_interval:
+            intervals[d.name] = (None, None)
+            notes[d.name] = dict(fit_note, note="no interval: the fit has no residual degrees of freedom (two points)")
+            continue
+        f = transforms[d.name]
+        intervals[d.name] = (f(b_low), f(b_high))
+        notes[d.name] = dict(fit_note, note=None if np.isfinite(b_high) else "unbounded above: no plateau is required by the data")
+    # regime shares from trial-resampled curves (descriptive)
+    rng = np.random.default_rng(seed)
+    replicates = _resampled_steps(per_batch, n_boot, rng)
     unique, inverse = np.unique(replicates, axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)
-    unique_fits = [_fit(batch_sizes, row, label) for row in unique]
-    fits = [unique_fits[i] for i in inverse]
-    good = [f for f in fits if f is not None]
+    labels = []
+    for row in unique:
+        rep = curve_from_arrays(batch_sizes, row, censored_at=censored)
+        if sum(rep.reached) < 2:
+            labels.append(None)
+            continue
+        try:
+            labels.append([p["regime"] for p in read_regimes(rep, tolerance)["points"]])
+        except BatchlabError:
+            labels.append(None)
+    per_rep = [labels[i] for i in inverse]
+    good = [lab for lab in per_rep if lab is not None]
     n_failed = n_boot - len(good)
-
-    alpha = (1.0 - level) / 2.0
-    intervals: dict[str, tuple[float, float]] = {}
-    for name in names:
-        if good:
-            values = np.array([_named_values(f, tolerance)[name] for f in good])
-            low, high = np.quantile(values, [alpha, 1.0 - alpha], method="inverted_cdf")
-            intervals[name] = (float(low), float(high))
-        else:
-            intervals[name] = (np.nan, np.nan)
-
-    regimes = []
-    for j, b in enumerate(batch_sizes):
+    rows = []
+    brackets = curve.brackets()
+    for j, batch in enumerate(batch_sizes):
+        upper, k, coverage = best_of_k_upper(per_batch[j], level)
         counts = {name: 0 for name in REGIMES}
-        for f in good:
-            counts[regime(f, float(b), tolerance)] += 1
-        low, high = np.quantile(replicates[:, j], [alpha, 1.0 - alpha], method="inverted_cdf")
-        regimes.append(
+        for lab in good:
+            if lab[j] is not None:
+                counts[lab[j]] += 1
+        note = STEPS_NOTE
+        if k is None and per_batch[j].size:
+            note = f"no bound: with {per_batch[j].size} trial(s) no order statistic comes within 0.1 of the level"
+        elif k is not None and upper is None:
+            note = f"unbounded: the {k}-th best trial never reached the goal"
+        rows.append(
             {
-                "batch_size": int(b),
+                "batch_size": int(batch),
                 "steps": curve.steps[j],
-                "steps_interval": [_int_or_none(low), _int_or_none(high)],
-                "regime": regime(point_fit, float(b), tolerance),
-                "regime_fractions": {k: (v / len(good) if good else None) for k, v in counts.items()},
+                "steps_lower": None if brackets[j] is None else brackets[j][0],
+                "censored_at": curve.censoring()[j],
+                "n_trials": int(per_batch[j].size),
+                "steps_interval": [None, None if upper is None else int(upper)],
+                "steps_interval_target": STEPS_TARGET,
+                "steps_interval_method": STEPS_METHOD,
+                "steps_interval_order": k,
+                "steps_interval_coverage": coverage,
+                "steps_interval_note": note,
+                "regime": data["points"][j]["regime"],
+                "fit_regime": None if curve.steps[j] is None else regime(point_fit, float(batch), tolerance),
+                "regime_fractions": {k_: (v_ / len(good) if good else None) for k_, v_ in counts.items()},
             }
         )
+    warnings = list(point_fit.warnings)
+    for key in ("perfect_scaling_end", "maximal_parallelism_start"):
+        if data[key]["value"] is None:
+            warnings.append(f"{key}: {data[key]['reason']}")
+    if n_failed > 0.1 * n_boot:
+        warnings.append(f"{n_failed} of {n_boot} resampled curves had fewer than two reached batch sizes")
     return CriticalBatchSizeEstimate(
         curve=curve,
         fit=point_fit,
@@ -169,10 +297,13 @@ def bootstrap_critical_batch_size(
         intervals=intervals,
         level=level,
         n_boot=int(n_boot),
-        n_failed=n_failed,
+        n_failed=int(n_failed),
         seed=seed,
         tolerance=tolerance,
-        regimes=regimes,
+        regimes=rows,
+        interval_notes=notes,
+        data_regimes=data,
+        warnings=tuple(warnings),
     )
 
 
@@ -183,10 +314,13 @@ def critical_batch_size_with_intervals(
     level: float = 0.9,
     seed: int = 0,
     tolerance: float = 0.1,
+    b0: float | None = None,
 ) -> CriticalBatchSizeEstimate:
     """Steps to result for ``selection`` from the store views, then :func:`bootstrap_critical_batch_size`.
 
     Every batch size of the workload takes part (one without selected trials is never reached).
+    Brackets (``steps_lower``) and censoring bounds (``censored_at``) come from the per-batch-size
+    results when the store provides them.
     """
     results = steps_to_result_many(con, [selection])[0]  # checks names, lists every batch size
     steps = trial_steps_by_batch_size(trial_first_steps(con, selection))
@@ -199,6 +333,9 @@ def critical_batch_size_with_intervals(
         tolerance=tolerance,
         label=selection.workload,
         metadata=selection.describe(),
+        steps_lower={r.batch_size: getattr(r, "steps_lower", None) for r in results},
+        censored_at={r.batch_size: getattr(r, "censored_at", None) for r in results},
+        b0=b0,
     )
 
 
@@ -211,23 +348,7 @@ def _resampled_steps(per_batch: list[np.ndarray], n_boot: int, rng: np.random.Ge
     return out
 
 
-def _fit(batch_sizes: np.ndarray, steps: np.ndarray, label: str) -> ScalingFit | None:
-    reached = np.isfinite(steps)
-    if reached.sum() < 2:
+def _finite(value) -> float | None:
+    if value is None:
         return None
-    try:
-        return fit_steps(batch_sizes[reached], steps[reached], label=label)
-    except BatchlabError:
-        return None
-
-
-def _named_values(fit: ScalingFit, tolerance: float) -> dict[str, float]:
-    return {"s_min": fit.s_min, "e_min": fit.e_min} | critical_batch_sizes(fit, tolerance)
-
-
-def _finite(value: float) -> float | None:
     return float(value) if np.isfinite(value) else None
-
-
-def _int_or_none(value: float) -> int | None:
-    return int(value) if np.isfinite(value) else None

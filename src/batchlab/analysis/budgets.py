@@ -1,15 +1,17 @@
 """The best measurement under a budget, per batch size (Shallue et al.'s ``get_best_measurement``).
 
-A budget restricts the measurement rows considered (science.md 3.4):
+A budget restricts the measurement rows considered (docs/methods.md, "Budgets"):
 
 * a **step budget** ``S`` keeps rows with ``step <= S``;
 * an **example budget** ``E`` keeps rows with ``batch_size * step <= E`` (an epoch budget is
   ``E = epochs * training-set size``).
 
 The best measurement at a batch size is the best metric value (lowest, or highest with ``maximize``)
-at any kept evaluation step of any selected trial (by default the ``COMPLETE`` ones, optionally only
-the first ``max_trials`` by trial id). Ties go to the earlier step, then the lower trial id. NaN and
-infinite values are ignored.
+at any kept evaluation step of any selected trial (by default the ``COMPLETE`` and
+``STOPPED_AT_GOAL`` ones, optionally only the first ``max_trials`` by trial id, and only trials of the
+``studies`` given: study ids or sweep ids). Trials of one batch size from more than one study
+definition are refused unless ``mix_studies`` (as in :mod:`batchlab.analysis.steps_to_result`).
+Ties go to the earlier step, then the lower trial id. NaN and infinite values are ignored.
 """
 
 from __future__ import annotations
@@ -21,8 +23,18 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 
-from batchlab.analysis.selection import metric_names, unknown_workload_error, workload_names
-from batchlab.analysis.tables import TRIAL_STATUSES
+from batchlab.analysis.selection import (
+    RELEASE_SOURCE,
+    Selection,
+    paper_max_trials,
+    metric_names,
+    mixed_studies_error,
+    resolve_study_names,
+    study_definitions,
+    unknown_workload_error,
+    workload_names,
+)
+from batchlab.analysis.tables import DEFAULT_STATUSES, TRIAL_STATUSES, view_columns
 from batchlab.errors import BatchlabError, unknown_name_error
 
 BUDGET_KINDS = ("step", "example")
@@ -74,13 +86,15 @@ def best_measurement(
     step_budget: int | None = None,
     example_budget: int | None = None,
     max_trials: int | None = None,
-    statuses: Sequence[str] = ("COMPLETE",),
+    statuses: Sequence[str] = DEFAULT_STATUSES,
+    studies: Sequence[str] | None = None,
+    mix_studies: bool = False,
 ) -> list[BestMeasurement]:
     """The best measurement under the budget(s) at every batch size of ``workload``, sorted by batch size."""
     _check(con, workload, metric, statuses, max_trials=max_trials, step_budget=step_budget, example_budget=example_budget)
-    params = _params(workload, metric, maximize, max_trials, statuses)
+    params = _params(con, workload, metric, maximize, max_trials, statuses, studies, mix_studies)
     params |= {"step_budget": step_budget, "example_budget": example_budget}
-    rows = con.execute(_BEST_SQL, params).fetchall()
+    rows = _execute(con, _BEST_SQL, params).fetchall()
     return [
         BestMeasurement(
             batch_size=int(b),
@@ -101,7 +115,9 @@ def best_measurement_by_budget(
     kind: str = "step",
     maximize: bool = False,
     max_trials: int | None = None,
-    statuses: Sequence[str] = ("COMPLETE",),
+    statuses: Sequence[str] = DEFAULT_STATUSES,
+    studies: Sequence[str] | None = None,
+    mix_studies: bool = False,
 ) -> BudgetSweep:
     """The best measurement per batch size under each of ``budgets`` (all of one ``kind``), in one query."""
     if kind not in BUDGET_KINDS:
@@ -112,8 +128,9 @@ def best_measurement_by_budget(
         _check_positive_int(f"{kind} budget", budget)
     _check(con, workload, metric, statuses, max_trials=max_trials)
     budgets = tuple(sorted(set(int(b) for b in budgets)))
-    params = _params(workload, metric, maximize, max_trials, statuses) | {"budgets": list(budgets), "by_examples": kind == "example"}
-    rows = con.execute(_SWEEP_SQL, params).fetchall()
+    params = _params(con, workload, metric, maximize, max_trials, statuses, studies, mix_studies)
+    params |= {"budgets": list(budgets), "by_examples": kind == "example"}
+    rows = _execute(con, _SWEEP_SQL, params).fetchall()
     batch_sizes = tuple(sorted({int(b) for _, b, _ in rows}))
     best = np.full((len(budgets), len(batch_sizes)), np.nan)
     for budget, batch_size, value in rows:
@@ -122,18 +139,67 @@ def best_measurement_by_budget(
     return BudgetSweep(kind=kind, budgets=budgets, batch_sizes=batch_sizes, best=best)
 
 
-def _params(workload, metric, maximize, max_trials, statuses) -> dict:
-    return {
+def _params(con, workload, metric, maximize, max_trials, statuses, studies, mix_studies) -> dict:
+    """Query parameters; resolves ``studies`` and refuses mixed study definitions at a batch size."""
+    if isinstance(studies, str):
+        studies = (studies,)
+    study_ids = resolve_study_names(con, workload, None if studies is None else tuple(studies))
+    params = {
         "workload": workload,
         "metric": metric,
         "sign": -1.0 if maximize else 1.0,
-        "max_trials": max_trials,
+        "max_trials": None,
         "statuses": list(statuses),
+        "study_ids": None if study_ids is None else list(study_ids),
     }
+    params["max_trials"] = _max_trials(con, params, max_trials)
+    if not mix_studies:
+        mixed = _execute(con, _MIXED_SQL, params).fetchone()
+        if mixed is not None:
+            selection = Selection(workload=workload, metric=metric, goal=0.0, statuses=tuple(statuses))
+            raise mixed_studies_error(selection, int(mixed[0]), sorted(mixed[1]), study_definitions(con, workload))
+    return params
+
+
+def _max_trials(con, params: dict, max_trials) -> int | None:
+    """The N of the first-N rule: an int as given; ``"all"``/None: every trial; ``"auto"``: the paper's
+    N for imported release workloads (refusing a batch size with fewer trials), every trial otherwise."""
+    if isinstance(max_trials, str):
+        word = max_trials.strip().lower()
+        if word == "all":
+            return None
+        row = _execute(con, _RELEASE_SQL, params | {"release": RELEASE_SOURCE}).fetchone()
+        if row is None or not row[0]:
+            return None
+        n = paper_max_trials(params["workload"])
+        if row[1] < n:
+            raise BatchlabError(
+                f"workload {params['workload']!r} batch size {row[2]} has {row[1]} trials "
+                f"({' or '.join(params['statuses'])}), fewer than the paper's first {n} (the default for imported "
+                "release workloads); pass --max-trials all to use every trial, or --max-trials N"
+            )
+        return n
+    return max_trials
+
+
+def _execute(con, text: str, params: dict):
+    """Run ``text`` (see :func:`_sql`) with the ``params`` it names."""
+    text = _sql(con, text)
+    return con.execute(text, {k: v for k, v in params.items() if f"${k}" in text})
+
+
+def _sql(con, text: str) -> str:
+    """``text`` with ``{trials}`` the trials view (a NULL ``study_id`` where the store has none)."""
+    trials = "trials" if "study_id" in view_columns(con, "trials") else \
+        "(SELECT *, CAST(NULL AS VARCHAR) AS study_id FROM trials)"
+    return text.replace("{trials}", trials)
 
 
 def _check(con, workload, metric, statuses, **integers) -> None:
     for name, value in integers.items():
+        if name == "max_trials" and isinstance(value, str):
+            Selection(workload=workload, metric=metric, goal=0.0, max_trials=value)  # checks the word
+            continue
         if value is not None:
             _check_positive_int(name, value)
     for status in statuses:
@@ -152,14 +218,44 @@ def _check_positive_int(name: str, value) -> None:
         raise BatchlabError(f"{name} must be a positive integer, got {value!r}")
 
 
-# Selected trials of the workload (status rule, then the first max_trials by trial id) and the
-# finite measurement rows of the metric; ``sign`` turns "best" into "smallest sign * value".
-_ROWS_CTE = """
+# Trials of the workload with a selected status, from the selected studies.
+_CANDIDATES = """
+    SELECT batch_size, trial_id, parameters, study_id FROM {trials}
+    WHERE workload = $workload AND list_contains($statuses, status)
+      AND (CAST($study_ids AS VARCHAR[]) IS NULL OR list_contains(CAST($study_ids AS VARCHAR[]), study_id))
+"""
+
+# Whether the selected trials come from the release, and the batch size with the fewest of them.
+_RELEASE_SQL = """
+SELECT bool_or(release), min(n), arg_min(batch_size, n) FROM (
+    SELECT t.batch_size, count(*) AS n, bool_or(t.source = $release) AS release FROM {trials} AS t
+    WHERE t.workload = $workload AND list_contains($statuses, t.status)
+      AND (CAST($study_ids AS VARCHAR[]) IS NULL OR list_contains(CAST($study_ids AS VARCHAR[]), t.study_id))
+    GROUP BY t.batch_size
+)
+"""
+
+# The first batch size whose selected trials come from more than one study, with those studies.
+_MIXED_SQL = (
+    """
+SELECT batch_size, list(DISTINCT study_id) FROM ("""
+    + _CANDIDATES
+    + """) WHERE study_id IS NOT NULL
+GROUP BY batch_size HAVING count(DISTINCT study_id) > 1 ORDER BY batch_size LIMIT 1
+"""
+)
+
+# Selected trials of the workload (study and status rules, then the first max_trials by trial id)
+# and the finite measurement rows of the metric; ``sign`` turns "best" into "smallest sign * value".
+_ROWS_CTE = (
+    """
 WITH chosen AS (
     SELECT batch_size, trial_id, parameters FROM (
         SELECT batch_size, trial_id, parameters,
                row_number() OVER (PARTITION BY batch_size ORDER BY trial_id) AS rank
-        FROM trials WHERE workload = $workload AND list_contains($statuses, status)
+        FROM ("""
+    + _CANDIDATES
+    + """)
     ) WHERE CAST($max_trials AS BIGINT) IS NULL OR rank <= CAST($max_trials AS BIGINT)
 ),
 kept AS (
@@ -168,10 +264,12 @@ kept AS (
     WHERE m.workload = $workload AND m.metric = $metric AND isfinite(m.value)
 ),
 batch_sizes AS (
-    SELECT batch_size FROM studies WHERE workload = $workload
-    UNION SELECT batch_size FROM trials WHERE workload = $workload
+    SELECT batch_size FROM {trials} WHERE workload = $workload
+      AND (CAST($study_ids AS VARCHAR[]) IS NULL OR list_contains(CAST($study_ids AS VARCHAR[]), study_id))
+    UNION SELECT batch_size FROM studies WHERE workload = $workload AND CAST($study_ids AS VARCHAR[]) IS NULL
 )
 """
+)
 
 _BEST_SQL = (
     _ROWS_CTE

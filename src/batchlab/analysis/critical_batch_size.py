@@ -1,28 +1,36 @@
-"""Fit S(B) = S_min (1 + B_crit / B) to a steps-to-result curve and name its critical batch sizes.
+"""The S(B) fit, the named critical batch sizes and Shallue's regimes read from the data.
 
-The hyperbola of McCandlish et al. (2018), ``S(B) = S_min + E_min / B`` with ``B_crit = E_min / S_min``,
-is fitted by least squares on ``log S`` (steps span orders of magnitude, so relative error is the
-natural scale). Only batch sizes whose goal was reached enter the fit (unreached ones are censored).
+Definitions, estimators and their resolution are in docs/methods.md ("Critical batch size",
+"Regimes read from the data", "The S(B) fit").
 
-Named critical batch sizes (science.md section 5); every one is reported under its name:
+The fit
+-------
+``S(B) = S_min + E_min / B`` (McCandlish et al. 2018), ``B_crit = E_min / S_min``, fitted in log space
+(steps span orders of magnitude) by weighted least squares with censoring:
 
-* ``mccandlish_b_crit``: ``E_min / S_min``; at this batch size training takes twice the minimum number
-  of steps and twice the minimum number of examples.
-* ``overhead_20pct``: Zhang et al. (2024): the batch size where steps exceed perfect linear scaling from
-  the smallest measured batch size ``B0`` by 20%; from the fit, ``0.2 B_crit + 1.2 B0``.
-* ``perfect_scaling_end``: where examples-to-result exceed ``E_min`` by the tolerance (default 10%),
-  ``tol * B_crit``; below it the curve is in Shallue's perfect-scaling regime.
-* ``maximal_parallelism_start``: where steps come within the tolerance of ``S_min``, ``B_crit / tol``;
-  above it the curve is in Shallue's maximal-data-parallelism regime. Between the two: diminishing
-  returns.
+* a reached batch size enters with its bracket ``(steps_lower, steps]``: the value fitted is the
+  bracket's log-midpoint, its weight ``1 / (sigma_floor**2 + w**2 / 12)`` where ``w = log(steps /
+  steps_lower)`` is the bracket's log-width (a uniform error over the bracket) and ``sigma_floor``
+  (default 5%) the noise floor of a measured minimum; exact first passages (the NQM) have the bracket
+  ``(steps - 1, steps]``. A bracket starting at 0 is an upper bound only (``S <= steps``).
+* an unreached batch size with a known ``censored_at`` enters as censored (``S > censored_at``): a
+  one-sided penalty, ``(sigma_floor / 30)``-strong, when the fit passes below ``censored_at``.
+  Unreached batch sizes without ``censored_at`` are left out.
+* the minimisation profiles ``log S_min`` out in closed form and searches ``B_crit`` on a log grid
+  reaching four decades beyond the measured batch sizes, plus ``B_crit = 0`` (flat) and ``inf`` (pure
+  perfect scaling), then refines by golden section. It is vectorised over many curves at once
+  (:func:`fit_many`), which the interval code uses.
+
+Named critical batch sizes (:data:`REGISTRY`): each entry has a name, a one-line definition and the
+function computing it; every table and interval iterates the registry.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from batchlab.analysis.curve import StepsCurve
 from batchlab.errors import BatchlabError
@@ -31,13 +39,17 @@ PERFECT_SCALING = "perfect_scaling"
 DIMINISHING_RETURNS = "diminishing_returns"
 MAXIMAL_DATA_PARALLELISM = "maximal_data_parallelism"
 
-DEFINITIONS = {
-    "mccandlish_b_crit": "E_min / S_min of the fit S(B) = S_min + E_min / B (McCandlish et al. 2018)",
-    "overhead_20pct": "batch size where steps exceed perfect scaling from the smallest batch size by 20% "
-    "(Zhang et al. 2024), from the fit: 0.2 B_crit + 1.2 B0",
-    "perfect_scaling_end": "tol * B_crit: examples to result within tol of E_min below it (Shallue regime 1)",
-    "maximal_parallelism_start": "B_crit / tol: steps to result within tol of S_min above it (Shallue regime 3)",
-}
+SIGMA_FLOOR = 0.05  # log-space noise floor of a measured steps-to-result value
+CENSOR_STRENGTH = 30.0  # a censoring penalty is this many times sharper than the floor
+GRID_DECADES = 4.0  # B_crit is searched this many decades beyond the measured batch sizes
+GRID_POINTS = 161
+GOLDEN_ITERATIONS = 48
+
+POINT, LOWER, UPPER, ABSENT = 0, 1, 2, -1  # kinds of observation: value, S > value, S <= value, none
+
+
+# --------------------------------------------------------------------------------------------------
+# The fit
 
 
 @dataclass(frozen=True)
@@ -48,12 +60,22 @@ class ScalingFit:
         s_min: minimum steps (the large-batch asymptote), in updates.
         e_min: minimum examples (the small-batch asymptote of ``B * S``), in examples.
         b_crit: ``e_min / s_min`` (inf when no plateau is visible, 0 when no scaling is visible).
-        smallest_batch_size: ``B0``, the smallest reached batch size used in the fit.
+        smallest_batch_size: the smallest reached batch size used in the fit.
         largest_batch_size: the largest reached batch size used in the fit.
         n_points: number of reached batch sizes fitted.
-        rms_log_residual: root-mean-square of ``log S_measured - log S_fit``.
+        rms_log_residual: root-mean-square of ``log S_measured - log S_fit`` over reached points
+            (``S_measured`` = the bracket's log-midpoint).
         max_abs_log_residual: largest absolute log residual (large values: the curve is not a
             hyperbola, e.g. it rises again at huge batch sizes or is budget-truncated).
+        b0: the batch size perfect scaling is measured from (default: ``smallest_batch_size``).
+        n_censored: unreached batch sizes that entered as censored (``S > censored_at``).
+        chi2, dof, p_value: goodness of fit: ``sum(weight * residual**2)`` (plus censoring
+            penalties), ``n_points - 2`` degrees of freedom, and the chi-square tail probability
+            (``None`` when ``dof <= 0``).
+        sigma_floor: the log-space noise floor used in the weights.
+        extrapolated: ``b_crit`` lies outside ``[smallest_batch_size, largest_batch_size]``.
+        warnings: what the fit rests on, in words (two points, extrapolation, poor fit, ...).
+        residuals: one dict per batch size of the curve (see :func:`fit_steps_curve`).
     """
 
     s_min: float
@@ -64,6 +86,15 @@ class ScalingFit:
     n_points: int
     rms_log_residual: float
     max_abs_log_residual: float
+    b0: float = 0.0
+    n_censored: int = 0
+    chi2: float = 0.0
+    dof: int = 0
+    p_value: float | None = None
+    sigma_floor: float = SIGMA_FLOOR
+    extrapolated: bool = False
+    warnings: tuple[str, ...] = ()
+    residuals: tuple[dict, ...] = field(default=(), compare=True)
 
     def predicted_steps(self, batch_size: np.ndarray | float) -> np.ndarray:
         """Fitted steps ``S_min + E_min / B`` at the given batch sizes."""
@@ -71,21 +102,254 @@ class ScalingFit:
 
     def to_dict(self) -> dict:
         """JSON-serialisable fields (inf becomes None)."""
-        return {k: _finite_or_none(v) for k, v in asdict(self).items()}
+        out = {k: _finite_or_none(v) for k, v in asdict(self).items()}
+        out["warnings"] = list(self.warnings)
+        out["residuals"] = [dict(r) for r in self.residuals]
+        return out
 
 
-def fit_steps_curve(curve: StepsCurve) -> ScalingFit:
-    """Fit ``S(B) = S_min + E_min / B`` to the reached points of ``curve`` (least squares on log S).
+def observation_arrays(curve: StepsCurve):
+    """``(b, y, resolution, kind)`` over every batch size of ``curve``.
+
+    ``y`` is the log-value (a bracket's log-midpoint, or the censoring bound), ``resolution`` a
+    point's log-space variance from its bracket (``log(steps / steps_lower)**2 / 12``), ``kind``
+    ``POINT``, ``LOWER`` (``S > censored_at``), ``UPPER`` (bracket from 0: ``S <= steps``) or ``ABSENT``.
+    """
+    n = len(curve.batch_sizes)
+    b = np.asarray(curve.batch_sizes, dtype=float)
+    y = np.zeros(n)
+    v = np.zeros(n)
+    kind = np.full(n, ABSENT)
+    for i, (bracket, censored) in enumerate(zip(curve.brackets(), curve.censoring())):
+        if bracket is not None:
+            low, high = bracket
+            if high <= 0:
+                continue
+            if low <= 0:
+                y[i], kind[i] = np.log(high), UPPER
+            else:
+                y[i], v[i], kind[i] = 0.5 * (np.log(low) + np.log(high)), np.log(high / low) ** 2 / 12, POINT
+        elif censored is not None and censored > 0:
+            y[i], kind[i] = np.log(censored), LOWER
+    return b, y, v, kind
+
+
+def _observations(curve: StepsCurve, sigma_floor: float):
+    """``(b, y, w, kind)``: :func:`observation_arrays` with the fit's weights."""
+    b, y, v, kind = observation_arrays(curve)
+    w = np.where(kind == POINT, 1.0 / (sigma_floor**2 + v), np.where(kind == ABSENT, 0.0, CENSOR_STRENGTH**2 / sigma_floor**2))
+    return b, y, w, kind
+
+
+def _penalty(c: np.ndarray, a: np.ndarray, w: np.ndarray, kind: np.ndarray) -> np.ndarray:
+    """``sum(w r^2)`` over the last axis, r = c - a for points and the one-sided parts for censored ones."""
+    r = c[..., None] - a
+    r = np.where(kind == POINT, r, np.where(kind == LOWER, np.minimum(r, 0.0), np.where(kind == UPPER, np.maximum(r, 0.0), 0.0)))
+    return np.sum(w * r * r, axis=-1)
+
+
+def _best_offset(a: np.ndarray, w: np.ndarray, kind: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Minimise the penalty over the offset ``c`` exactly (last axis: observations).
+
+    The penalty is convex and piecewise quadratic with kinks at the censored values; on each piece
+    the active set is fixed, so the minimiser is the clipped closed-form root of one of the pieces.
+    """
+    censored = (kind == LOWER) | (kind == UPPER)
+    m = int(censored.sum(axis=-1).max()) if censored.size else 0
+    if m == 0:  # no censoring anywhere: the weighted mean
+        wp = np.where(kind == POINT, w, 0.0)
+        den = wp.sum(axis=-1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            c = np.sum(wp * a, axis=-1) / den
+        return c, np.where(den > 0, _penalty(c, a, w, kind), np.inf)
+    thresholds = np.sort(np.where(censored, a, np.inf), axis=-1)[..., :m]
+    inf = np.full(thresholds.shape[:-1] + (1,), np.inf)
+    lo = np.concatenate([-inf, thresholds], axis=-1)  # (..., n+1)
+    hi = np.concatenate([thresholds, inf], axis=-1)
+    a_ = a[..., None, :]
+    w_ = w[..., None, :]
+    k_ = kind[..., None, :]
+    active = (k_ == POINT) | ((k_ == LOWER) & (a_ >= hi[..., None])) | ((k_ == UPPER) & (a_ <= lo[..., None]))
+    den = np.sum(np.where(active, w_, 0.0), axis=-1)
+    num = np.sum(np.where(active, w_ * np.where(active, a_, 0.0), 0.0), axis=-1)
+    valid = den > 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cand = np.clip(np.where(valid, num / np.where(valid, den, 1.0), np.nan), lo, hi)
+    empty = ~np.isfinite(cand)
+    objective = _penalty(np.where(empty, 0.0, cand), a[..., None, :], w[..., None, :], kind[..., None, :])
+    objective = np.where(empty, np.inf, objective)
+    best = np.argmin(objective, axis=-1)
+    c = np.take_along_axis(cand, best[..., None], axis=-1)[..., 0]
+    return c, np.take_along_axis(objective, best[..., None], axis=-1)[..., 0]
+
+
+def _profile(u: np.ndarray, b: np.ndarray, y: np.ndarray, w: np.ndarray, kind: np.ndarray):
+    """Offset and objective at ``log B_crit = u`` (shape (R, G)) for curves ``y`` (R, n)."""
+    g = np.log1p(np.exp(u[..., None] - np.log(b)))  # (R, G, n)
+    return _best_offset(y[:, None, :] - g, w[:, None, :], kind[:, None, :])
+
+
+def fit_many(batch_sizes, y: np.ndarray, w: np.ndarray, kind: np.ndarray):
+    """Fit many curves on the same batch sizes at once.
+
+    Args:
+        batch_sizes: (n,) batch sizes.
+        y, w, kind: (R, n) log-values, weights and kinds (``POINT``, ``LOWER``, ``UPPER``, ``ABSENT``).
+
+    Returns:
+        ``(s_min, e_min, b_crit, objective)`` arrays of shape (R,). Rows with fewer than two
+        ``POINT`` observations give NaN.
+    """
+    b = np.asarray(batch_sizes, dtype=float)
+    y = np.atleast_2d(np.asarray(y, dtype=float))
+    w = np.atleast_2d(np.asarray(w, dtype=float))
+    kind = np.atleast_2d(np.asarray(kind))
+    rows = y.shape[0]
+    enough = np.sum(kind == POINT, axis=1) >= 2
+    lo_u = np.log(b.min()) - GRID_DECADES * np.log(10)
+    hi_u = np.log(b.max()) + GRID_DECADES * np.log(10)
+    grid = np.linspace(lo_u, hi_u, GRID_POINTS)
+    _, objective = _profile(np.broadcast_to(grid, (rows, grid.size)), b, y, w, kind)
+    k = np.argmin(objective, axis=1)
+    left = grid[np.maximum(k - 1, 0)]
+    right = grid[np.minimum(k + 1, grid.size - 1)]
+    ratio = (np.sqrt(5.0) - 1) / 2
+    x1 = right - ratio * (right - left)
+    x2 = left + ratio * (right - left)
+    f1 = _profile(x1[:, None], b, y, w, kind)[1][:, 0]
+    f2 = _profile(x2[:, None], b, y, w, kind)[1][:, 0]
+    for _ in range(GOLDEN_ITERATIONS):
+        go_left = f1 < f2  # the minimum lies in [left, x2]
+        right, left = np.where(go_left, x2, right), np.where(go_left, left, x1)
+        x1, x2 = (np.where(go_left, right - ratio * (right - left), x2),
+                  np.where(go_left, x1, left + ratio * (right - left)))
+        f_new = _profile(np.where(go_left, x1, x2)[:, None], b, y, w, kind)[1][:, 0]
+        f1, f2 = np.where(go_left, f_new, f2), np.where(go_left, f1, f_new)
+    u = 0.5 * (left + right)
+    c, best = _profile(u[:, None], b, y, w, kind)
+    c, best = c[:, 0], best[:, 0]
+    # The two limits: B_crit = 0 (log S = c) and B_crit = inf (log S = c - log B).
+    c0, obj0 = _best_offset(y, w, kind)
+    cinf, objinf = _best_offset(y + np.log(b), w, kind)
+    s_min = np.exp(c)
+    b_crit = np.exp(u)
+    e_min = s_min * b_crit
+    tol = 1e-12 * np.maximum(1.0, best)
+    flat = obj0 <= best + tol
+    steep = (objinf <= best + tol) & ~flat
+    s_min = np.where(flat, np.exp(c0), np.where(steep, 0.0, s_min))
+    e_min = np.where(flat, 0.0, np.where(steep, np.exp(cinf), e_min))
+    b_crit = np.where(flat, 0.0, np.where(steep, np.inf, b_crit))
+    best = np.where(flat, obj0, np.where(steep, objinf, best))
+    nan = np.full(rows, np.nan)
+    return (np.where(enough, s_min, nan), np.where(enough, e_min, nan), np.where(enough, b_crit, nan),
+            np.where(enough, best, nan))
+
+
+def fit_steps_curve(curve: StepsCurve, b0: float | None = None, sigma_floor: float = SIGMA_FLOOR) -> ScalingFit:
+    """Fit ``S(B) = S_min + E_min / B`` to ``curve`` (censored, bracket-weighted; see the module docstring).
+
+    ``residuals`` holds one dict per batch size: ``batch_size``, ``steps``, ``steps_lower``,
+    ``censored_at``, ``use`` (``"point"``, ``"censored"``, ``"upper_bound"`` or ``"unused"``),
+    ``fitted`` steps and, for points, ``log_residual`` (measured log-midpoint minus fitted log) and
+    ``weight``; for censored ones ``consistent`` (the fit lies above ``censored_at``).
 
     Raises:
         BatchlabError: fewer than two batch sizes reached the goal.
     """
-    b, s = curve.reached_arrays()
-    return fit_steps(b, s, label=curve.label)
+    if not sigma_floor > 0:
+        raise BatchlabError(f"sigma_floor must be > 0, got {sigma_floor}")
+    b, y, w, kind = _observations(curve, sigma_floor)
+    name = f" {curve.label!r}" if curve.label else ""
+    n_points = int(np.sum(kind == POINT))
+    if n_points < 2:
+        raise BatchlabError(f"curve{name}: need at least 2 batch sizes that reached the goal to fit S(B), got {n_points}")
+    s_min, e_min, b_crit, objective = (float(v[0]) for v in fit_many(b, y[None], w[None], kind[None]))
+    reached_b = b[kind == POINT]
+    smallest, largest = float(reached_b.min()), float(reached_b.max())
+    b0 = smallest if b0 is None else float(b0)
+    if not b0 > 0:
+        raise BatchlabError(f"b0 must be a batch size > 0, got {b0}")
+    predicted = s_min + e_min / b
+    log_pred = np.log(predicted)
+    residuals = []
+    point_res = []
+    inconsistent = []
+    for i, (batch, steps) in enumerate(zip(curve.batch_sizes, curve.steps)):
+        bracket = curve.brackets()[i]
+        censored = curve.censoring()[i]
+        row = {"batch_size": int(batch), "steps": steps, "steps_lower": None if bracket is None else bracket[0],
+               "censored_at": censored, "fitted": float(predicted[i])}
+        if kind[i] == POINT:
+            r = float(y[i] - log_pred[i])
+            point_res.append(r)
+            row.update(use="point", log_residual=r, weight=float(w[i]))
+        elif kind[i] == LOWER:
+            ok = bool(predicted[i] > censored * (1 - 1e-3))
+            row.update(use="censored", consistent=ok)
+            if not ok:
+                inconsistent.append(int(batch))
+        elif kind[i] == UPPER:
+            row.update(use="upper_bound", consistent=bool(predicted[i] <= steps * (1 + 1e-3)))
+        else:
+            row.update(use="unused")
+        residuals.append(row)
+    point_res = np.asarray(point_res)
+    dof = n_points - 2
+    p_value = None
+    if dof > 0:
+        from scipy.stats import chi2 as chi2_dist
+
+        p_value = float(chi2_dist.sf(objective, dof))
+    extrapolated = not (smallest <= b_crit <= largest)
+    warnings = []
+    if n_points == 2:
+        warnings.append("the fit rests on two reached batch sizes and passes through them exactly: its residuals test nothing")
+    if b_crit == np.inf:
+        warnings.append("no plateau in the measured batch sizes: B_crit is infinite (pure perfect scaling fits best)")
+    elif b_crit == 0.0:
+        warnings.append("no perfect scaling in the measured batch sizes: B_crit is 0 (a flat curve fits best)")
+    elif extrapolated:
+        warnings.append(f"B_crit = {b_crit:.4g} lies outside the measured batch sizes [{smallest:g}, {largest:g}]: extrapolated")
+    if p_value is not None and p_value < 0.01:
+        warnings.append(
+            f"poor fit: chi2 = {objective:.3g} on {dof} degrees of freedom (p = {p_value:.2g}); residuals exceed the "
+            f"resolution brackets and the {sigma_floor:.0%} floor, so the curve is not a hyperbola within its resolution"
+        )
+    if inconsistent:
+        warnings.append(f"the fit passes below the censoring bound at batch sizes {inconsistent} (S > censored_at there)")
+    return ScalingFit(
+        s_min=s_min,
+        e_min=e_min,
+        b_crit=b_crit,
+        smallest_batch_size=smallest,
+        largest_batch_size=largest,
+        n_points=n_points,
+        rms_log_residual=float(np.sqrt(np.mean(point_res**2))),
+        max_abs_log_residual=float(np.max(np.abs(point_res))),
+        b0=b0,
+        n_censored=int(np.sum(kind == LOWER)),
+        chi2=float(objective),
+        dof=dof,
+        p_value=p_value,
+        sigma_floor=sigma_floor,
+        extrapolated=bool(extrapolated),
+        warnings=tuple(warnings),
+        residuals=tuple(residuals),
+    )
 
 
-def fit_steps(batch_sizes: np.ndarray, steps: np.ndarray, label: str = "") -> ScalingFit:
-    """Fit the hyperbola to arrays of reached ``batch_sizes`` and ``steps`` (both positive)."""
+def fit_steps(
+    batch_sizes: np.ndarray,
+    steps: np.ndarray,
+    label: str = "",
+    steps_lower: np.ndarray | None = None,
+    b0: float | None = None,
+) -> ScalingFit:
+    """Fit the hyperbola to arrays of reached ``batch_sizes`` and ``steps`` (both positive).
+
+    ``steps_lower`` (optional, aligned) gives each point's bracket; without it the steps are exact.
+    """
     b = np.asarray(batch_sizes, dtype=float)
     s = np.asarray(steps, dtype=float)
     name = f" {label!r}" if label else ""
@@ -93,65 +357,250 @@ def fit_steps(batch_sizes: np.ndarray, steps: np.ndarray, label: str = "") -> Sc
         raise BatchlabError(f"curve{name}: need at least 2 batch sizes that reached the goal to fit S(B), got {b.size}")
     if np.any(b <= 0) or np.any(s <= 0):
         raise BatchlabError(f"curve{name}: batch sizes and steps must be positive to fit S(B)")
-    # Start from the weighted linear fit of S against 1/B (weights 1/S give relative errors).
-    design = np.stack([np.ones_like(b), 1.0 / b], axis=1) / s[:, None]
-    start, *_ = np.linalg.lstsq(design, np.ones_like(s), rcond=None)
-    start = np.clip(start, [1e-9 * s.min(), 1e-9 * (s * b).min()], None)
-    # Fit in log-parameters so both stay positive; a parameter that wants to vanish runs off to a
-    # very negative log, which we read as zero below.
-    lo = np.log([1e-12 * s.min(), 1e-12 * (s * b).min()])
-    hi = np.log([1e3 * s.max(), 1e3 * (s * b).max()])
+    from batchlab.analysis.curve import curve_from_arrays
 
-    def residuals(log_params: np.ndarray) -> np.ndarray:
-        s_min, e_min = np.exp(log_params)
-        return np.log(s_min + e_min / b) - np.log(s)
+    return fit_steps_curve(curve_from_arrays(b, s, label=label, steps_lower=steps_lower), b0=b0)
 
-    result = least_squares(residuals, np.clip(np.log(start), lo, hi), bounds=(lo, hi), method="trf", x_scale=1.0)
-    s_min, e_min = np.exp(result.x)
-    # A parameter pinned at its lower bound contributes nothing measurable: report it as zero.
-    if result.x[0] <= lo[0] + 1e-6 or s_min < 1e-9 * s.min():
-        s_min = 0.0
-    if result.x[1] <= lo[1] + 1e-6 or e_min / b.max() < 1e-9 * s.min():
-        e_min = 0.0
-    res = result.fun
-    b_crit = np.inf if s_min == 0.0 else e_min / s_min
-    return ScalingFit(
-        s_min=float(s_min),
-        e_min=float(e_min),
-        b_crit=float(b_crit),
-        smallest_batch_size=float(b.min()),
-        largest_batch_size=float(b.max()),
-        n_points=int(b.size),
-        rms_log_residual=float(np.sqrt(np.mean(res**2))),
-        max_abs_log_residual=float(np.max(np.abs(res))),
-    )
+
+# --------------------------------------------------------------------------------------------------
+# Regimes read from the data
+
+
+def _check_tolerance(tolerance: float) -> None:
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float, np.floating)) or not 0 < tolerance < 1:
+        raise BatchlabError(f"tolerance must be in (0, 1), got {tolerance}")
+
+
+def _interpolate(b1, r1, b2, r2, level):
+    """log-log interpolation: the B between b1 and b2 where the ratio crosses ``level``."""
+    if r1 == r2:
+        return None
+    t = (np.log(level) - np.log(r1)) / (np.log(r2) - np.log(r1))
+    if not 0 <= t <= 1:
+        return None
+    return float(np.exp(np.log(b1) + t * (np.log(b2) - np.log(b1))))
+
+
+def read_regimes(curve: StepsCurve, tolerance: float = 0.1, b0: float | None = None) -> dict:
+    """Shallue's regimes read from the measured points (docs/methods.md, "Regimes read from the data").
+
+    * ``perfect_scaling_end``: the largest measured B with ``S(B) B <= (1 + tol) S(B0) B0``.
+    * ``maximal_parallelism_start``: the smallest measured B from which every larger measured S is
+      ``<= (1 + tol) min S`` (an unreached larger batch size whose ``censored_at`` already exceeds
+      that bound breaks the plateau).
+
+    Measured = reached. Each regime needs at least two measured batch sizes inside it; otherwise its
+    value is ``None`` with a ``reason`` (and a ``lower_bound`` or ``upper_bound`` where the data give
+    one). Unreached batch sizes get no regime label. ``b0`` (default: the smallest reached batch size)
+    must be a reached batch size of the curve.
+    """
+    _check_tolerance(tolerance)
+    pts = [(int(b), int(s)) for b, s in zip(curve.batch_sizes, curve.steps) if s is not None]
+    reached = [b for b, _ in pts]
+    if not pts:
+        raise BatchlabError(f"curve {curve.label!r}: no batch size reached the goal, so no regime can be read")
+    if b0 is None:
+        b0 = reached[0]
+    elif not (float(b0).is_integer() and int(b0) in reached):
+        raise BatchlabError(f"b0 must be a batch size that reached the goal, one of {reached}, got {b0:g}")
+    b0 = int(b0)
+    steps = dict(pts)
+    s0 = steps[b0]
+    censored = [(int(b), c) for b, s, c in zip(curve.batch_sizes, curve.steps, curve.censoring()) if s is None and c is not None]
+    limit_ps = (1 + tolerance) * s0 * b0
+    scaling = [(b, s) for b, s in pts if b >= b0]
+    within = [b for b, s in scaling if s * b <= limit_ps]
+    ps_end = max(within)
+    n_ps = sum(1 for b, _ in scaling if b <= ps_end)
+    beyond = [b for b, _ in scaling if b > ps_end] + [b for b, c in censored if b > ps_end and c * b > limit_ps]
+    ps = {"value": None, "reason": None, "n_points": n_ps, "interpolated": None}
+    if n_ps < 2:
+        nxt = min([b for b, _ in scaling if b > b0], default=None)
+        ps["reason"] = (f"below the measured range: only B0 = {b0} lies within {tolerance:g} of perfect scaling"
+                        + (f" (it ends before B = {nxt})" if nxt else ""))
+        ps["upper_bound"] = nxt
+    elif not beyond:
+        ps["reason"] = (f"beyond the measured range: every measured batch size up to {ps_end} is within {tolerance:g} "
+                        "of perfect scaling")
+        ps["lower_bound"] = ps_end
+    else:
+        ps["value"] = ps_end
+        nxt = [(b, s) for b, s in scaling if b > ps_end]
+        if nxt:
+            ratio = lambda b, s: s * b / (s0 * b0)  # noqa: E731
+            ps["interpolated"] = _interpolate(ps_end, ratio(ps_end, steps[ps_end]), nxt[0][0], ratio(*nxt[0]), 1 + tolerance)
+    s_low = min(s for _, s in pts)
+    limit_mp = (1 + tolerance) * s_low
+    bad = [b for b, s in pts if s > limit_mp] + [b for b, c in censored if c >= limit_mp]
+    start_candidates = [b for b in reached if all(x < b for x in bad)]
+    mp = {"value": None, "reason": None, "n_points": 0, "interpolated": None}
+    unknown_after = []
+    if not start_candidates:
+        mp["reason"] = (f"beyond the measured range: an unreached batch size above every reached one is known to need more "
+                        f"than {limit_mp:.4g} steps")
+    else:
+        mp_start = min(start_candidates)
+        n_mp = sum(1 for b in reached if b >= mp_start)
+        mp["n_points"] = n_mp
+        unknown_after = [b for b, c in censored if b > mp_start and c < limit_mp]
+        prev = [b for b in reached if b < mp_start]
+        if n_mp < 2:
+            mp["reason"] = (f"beyond the measured range: only the largest measured batch size ({mp_start}) is within "
+                            f"{tolerance:g} of the minimum measured steps")
+            if prev:
+                mp["lower_bound"] = max(prev)
+        else:
+            mp["value"] = mp_start
+            if prev:
+                p = max(prev)
+                mp["interpolated"] = _interpolate(p, steps[p] / s_low, mp_start, steps[mp_start] / s_low, 1 + tolerance)
+            else:
+                mp["note"] = "at or below the smallest measured batch size"
+    if unknown_after:
+        mp["note"] = (f"unreached batch sizes {unknown_after} above the start have censoring bounds below the plateau "
+                      "band: whether they belong to it is unknown")
+    plateau_seen = mp["value"] is not None
+    s_low_b = min((b for b, s in pts if s == s_low))
+    labels = []
+    ps_top = ps["value"] if ps["value"] is not None else ps.get("lower_bound")  # perfect scaling holds up to here
+    ps_over = ps["value"] if ps["value"] is not None else (b0 if ps.get("upper_bound") is not None else None)
+    mp_from = mp["value"]
+    before_plateau = mp_from if mp_from is not None else mp.get("lower_bound")
+    for b, s in zip(curve.batch_sizes, curve.steps):
+        if s is None or b < b0:
+            label = None  # unreached, or below B0
+        elif ps_top is not None and b <= ps_top:
+            label = PERFECT_SCALING
+        elif mp_from is not None and b >= mp_from:
+            label = MAXIMAL_DATA_PARALLELISM
+        elif (ps_over is not None and b > ps_over and before_plateau is not None
+              and (b < before_plateau if mp_from is not None else b <= before_plateau)):
+            label = DIMINISHING_RETURNS  # past perfect scaling and known to be outside the plateau band
+        else:
+            label = None  # not determined by the data
+        labels.append(
+            {
+                "batch_size": int(b),
+                "steps": s,
+                "regime": label,
+                "examples_ratio": None if s is None else float(s * b / (s0 * b0)),
+                "steps_ratio": None if s is None else float(s / s_low),
+            }
+        )
+    return {
+        "tolerance": tolerance,
+        "b0": b0,
+        "steps_at_b0": s0,
+        "measured_batch_sizes": reached,
+        "perfect_scaling_end": ps,
+        "maximal_parallelism_start": mp,
+        "s_min_measured": {
+            "value": s_low,
+            "batch_size": s_low_b,
+            "plateau_seen": plateau_seen,
+            "note": None if plateau_seen else "no plateau of two measured batch sizes: an upper bound on the plateau",
+        },
+        "points": labels,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# Named critical batch sizes: one registry
+
+
+@dataclass(frozen=True)
+class NamedDefinition:
+    """One named critical batch size: its name, one-line definition, source and function.
+
+    ``function(fit, tolerance, b0, regimes)`` returns the value (``None`` where undefined);
+    ``regimes`` is :func:`read_regimes`'s output (``None`` when no curve is available).
+    """
+
+    name: str
+    definition: str
+    source: str  # "fit" or "data"
+    function: Callable
+
+
+def _data_value(key):
+    return lambda fit, tolerance, b0, regimes: None if regimes is None else regimes[key]["value"]
+
+
+REGISTRY: tuple[NamedDefinition, ...] = (
+    NamedDefinition(
+        "mccandlish_b_crit",
+        "E_min / S_min of the fit S(B) = S_min + E_min / B (McCandlish et al. 2018): twice the minimum steps and examples",
+        "fit",
+        lambda fit, tolerance, b0, regimes: fit.b_crit,
+    ),
+    NamedDefinition(
+        "overhead_20pct",
+        "batch size where steps exceed perfect scaling from B0 by 20% (Zhang et al. 2024), from the fit: "
+        "0.2 B_crit + 1.2 B0",
+        "fit",
+        lambda fit, tolerance, b0, regimes: 0.2 * fit.b_crit + 1.2 * b0,
+    ),
+    NamedDefinition(
+        "perfect_scaling_end",
+        "read from the data: the largest measured B with S(B) B within (1 + tol) of S(B0) B0 (Shallue regime 1 ends)",
+        "data",
+        _data_value("perfect_scaling_end"),
+    ),
+    NamedDefinition(
+        "maximal_parallelism_start",
+        "read from the data: the smallest measured B from which every larger measured S is within (1 + tol) of the "
+        "minimum measured S (Shallue regime 3 starts)",
+        "data",
+        _data_value("maximal_parallelism_start"),
+    ),
+    NamedDefinition(
+        "fit_perfect_scaling_end",
+        "from the fit: tol * B_crit, where examples to result exceed E_min by tol (a model quantity)",
+        "fit",
+        lambda fit, tolerance, b0, regimes: tolerance * fit.b_crit,
+    ),
+    NamedDefinition(
+        "fit_maximal_parallelism_start",
+        "from the fit: B_crit / tol, where steps to result come within tol of S_min (a model quantity)",
+        "fit",
+        lambda fit, tolerance, b0, regimes: fit.b_crit / tolerance if fit.b_crit > 0 else 0.0,
+    ),
+)
+DEFINITIONS = {d.name: d.definition for d in REGISTRY}
 
 
 def overhead_batch_size(fit: ScalingFit, overhead: float = 0.2, b0: float | None = None) -> float:
     """Batch size where steps exceed perfect scaling from ``b0`` by ``overhead`` (0.2 = 20%).
 
     From the hyperbola, the overhead ratio is ``(B + B_crit) / (B0 + B_crit)``, so the answer is
-    ``overhead * B_crit + (1 + overhead) * B0``. ``b0`` defaults to the smallest fitted batch size.
+    ``overhead * B_crit + (1 + overhead) * B0``. ``b0`` defaults to the fit's ``b0``.
     """
     if overhead <= 0:
         raise BatchlabError(f"overhead must be > 0, got {overhead}")
-    b0 = fit.smallest_batch_size if b0 is None else float(b0)
+    b0 = (fit.b0 or fit.smallest_batch_size) if b0 is None else float(b0)
     return overhead * fit.b_crit + (1.0 + overhead) * b0
 
 
-def critical_batch_sizes(fit: ScalingFit, tolerance: float = 0.1) -> dict[str, float]:
-    """Every named critical batch size of ``fit`` (see the module docstring), keyed by name."""
+def critical_batch_sizes(
+    fit: ScalingFit, tolerance: float = 0.1, curve: StepsCurve | None = None, b0: float | None = None
+) -> dict[str, float | None]:
+    """Every named critical batch size of :data:`REGISTRY`, keyed by name.
+
+    Without ``curve`` only the fit-derived names are returned (the data-read ones need the points).
+    """
     _check_tolerance(tolerance)
+    b0 = (fit.b0 or fit.smallest_batch_size) if b0 is None else float(b0)
+    regimes = None if curve is None else read_regimes(curve, tolerance, b0=b0)
     return {
-        "mccandlish_b_crit": fit.b_crit,
-        "overhead_20pct": overhead_batch_size(fit, 0.2),
-        "perfect_scaling_end": tolerance * fit.b_crit,
-        "maximal_parallelism_start": fit.b_crit / tolerance if fit.b_crit > 0 else 0.0,
+        d.name: d.function(fit, tolerance, b0, regimes)
+        for d in REGISTRY
+        if d.source == "fit" or regimes is not None
     }
 
 
 def regime(fit: ScalingFit, batch_size: float, tolerance: float = 0.1) -> str:
-    """Shallue's regime of ``batch_size`` under ``fit``: perfect scaling, diminishing returns or maximal parallelism."""
+    """The fit-derived regime of ``batch_size``: below ``tol B_crit`` perfect scaling, above ``B_crit / tol``
+    maximal parallelism (a model quantity; :func:`read_regimes` reads the regimes from the data)."""
     _check_tolerance(tolerance)
     if batch_size <= tolerance * fit.b_crit:
         return PERFECT_SCALING
@@ -160,30 +609,192 @@ def regime(fit: ScalingFit, batch_size: float, tolerance: float = 0.1) -> str:
     return DIMINISHING_RETURNS
 
 
-def summarize_curve(curve: StepsCurve, tolerance: float = 0.1) -> dict:
-    """Fit ``curve`` and return a JSON-serialisable summary: the fit, named batch sizes, regimes."""
-    fit = fit_steps_curve(curve)
-    named = critical_batch_sizes(fit, tolerance)
+fit_regime = regime
+
+
+def summarize_curve(curve: StepsCurve, tolerance: float = 0.1, b0: float | None = None) -> dict:
+    """Fit ``curve`` and read its regimes; a JSON-ready summary.
+
+    Keys: ``label``; ``fit`` (:meth:`ScalingFit.to_dict`); ``tolerance``; ``b0``; ``batch_size_range``
+    (smallest and largest reached batch size); ``points_used`` (reached batch sizes fitted);
+    ``censored_batch_sizes``; ``extrapolated``; ``warnings``; ``s_min`` (``fit`` and ``measured``);
+    ``critical_batch_sizes`` (``{name: {value, definition, source, ...}}`` in registry order; the
+    data-read ones add ``reason``, ``n_points``, ``interpolated`` and any bound); ``regimes`` (one
+    row per batch size: ``batch_size``, ``steps``, ``steps_lower``, ``censored_at``, ``regime`` read
+    from the data (``None`` if unreached or undetermined), ``fit_regime``); ``data_regimes``
+    (:func:`read_regimes`).
+    """
+    _check_tolerance(tolerance)
+    fit = fit_steps_curve(curve, b0=b0)
+    regimes = read_regimes(curve, tolerance, b0=fit.b0 if b0 is not None else None)
+    named = {}
+    for d in REGISTRY:
+        entry = {"value": _finite_or_none(d.function(fit, tolerance, fit.b0, regimes)), "definition": d.definition,
+                 "source": d.source}
+        if d.source == "data":
+            detail = regimes[d.name]
+            entry.update({k: v for k, v in detail.items() if k != "value"})
+        named[d.name] = entry
+    brackets = curve.brackets()
+    rows = []
+    for i, (b, s) in enumerate(zip(curve.batch_sizes, curve.steps)):
+        rows.append(
+            {
+                "batch_size": int(b),
+                "steps": s,
+                "steps_lower": None if brackets[i] is None else brackets[i][0],
+                "censored_at": curve.censoring()[i],
+                "regime": regimes["points"][i]["regime"],
+                "fit_regime": None if s is None else regime(fit, b, tolerance),
+            }
+        )
+    warnings = list(fit.warnings)
+    for key in ("perfect_scaling_end", "maximal_parallelism_start"):
+        if regimes[key]["value"] is None:
+            warnings.append(f"{key}: {regimes[key]['reason']}")
     return {
         "label": curve.label,
         "fit": fit.to_dict(),
         "tolerance": tolerance,
-        "critical_batch_sizes": {
-            name: {"value": _finite_or_none(value), "definition": DEFINITIONS[name]} for name, value in named.items()
-        },
-        "regimes": [
-            {"batch_size": b, "steps": s, "regime": regime(fit, b, tolerance)}
-            for b, s in zip(curve.batch_sizes, curve.steps)
-        ],
+        "b0": fit.b0,
+        "batch_size_range": [fit.smallest_batch_size, fit.largest_batch_size],
+        "points_used": fit.n_points,
+        "measured_batch_sizes": regimes["measured_batch_sizes"],
+        "censored_batch_sizes": [r["batch_size"] for r in fit.residuals if r["use"] == "censored"],
+        "exact_first_passage": curve.exact,
+        "extrapolated": fit.extrapolated,
+        "warnings": warnings,
+        "s_min": {"fit": fit.s_min, "measured": regimes["s_min_measured"]},
+        "critical_batch_sizes": named,
+        "regimes": rows,
+        "data_regimes": regimes,
     }
-
-
-def _check_tolerance(tolerance: float) -> None:
-    if not 0 < tolerance < 1:
-        raise BatchlabError(f"tolerance must be in (0, 1), got {tolerance}")
 
 
 def _finite_or_none(value):
     if isinstance(value, float) and not np.isfinite(value):
         return None
     return value
+
+
+# --------------------------------------------------------------------------------------------------
+# Profile-likelihood interval for B_crit
+
+
+def profile_intervals(batch_sizes, y: np.ndarray, resolution: np.ndarray, kind: np.ndarray, level: float = 0.9,
+                      sigma_floor: float = SIGMA_FLOOR):
+    """Profile-likelihood intervals for ``B_crit`` (and ``S_min``, ``E_min`` over it) of many curves.
+
+    The set of ``B_crit`` whose profiled objective exceeds the minimum by at most
+    ``sigma2 * F(level; 1, dof)``, with ``sigma2 = objective_min / dof`` the residual variance in
+    units of the weights (the scatter of the measured minima about the hyperbola, estimated from
+    the residuals) and ``dof = n_points - 2``. Bounds are refined by bisection; ``0`` and ``inf``
+    are possible bounds (the limits ``B_crit = 0`` and ``inf`` are checked).
+
+    Returns:
+        dict of (R,) arrays: ``b_crit_low``, ``b_crit_high``, ``s_min_low``, ``s_min_high``,
+        ``e_min_low``, ``e_min_high`` (NaN where ``dof <= 0`` or too few points).
+    """
+    from scipy.stats import f as f_dist
+
+    from scipy.stats import chi2 as chi2_dist
+
+    b = np.asarray(batch_sizes, dtype=float)
+    y = np.atleast_2d(np.asarray(y, dtype=float))
+    v = np.atleast_2d(np.asarray(resolution, dtype=float))
+    kind = np.atleast_2d(np.asarray(kind))
+    rows = y.shape[0]
+    censor_w = CENSOR_STRENGTH**2 / sigma_floor**2
+    point = kind == POINT
+    w = np.where(point, 1.0 / (sigma_floor**2 + v), censor_w)
+    s_min, e_min, b_crit, best = fit_many(b, y, w, kind)
+    dof = np.sum(point, axis=1) - 2
+    # The scatter about the hyperbola beyond the resolution: sum r^2 / (v + sigma2) = dof.
+    with np.errstate(invalid="ignore", divide="ignore"):
+        fitted = np.log(s_min[:, None] + e_min[:, None] / b)
+    r2 = np.where(point, (y - fitted) ** 2, 0.0)
+    r2 = np.where(np.isfinite(r2), r2, 0.0)
+    v_safe = np.where(point, np.maximum(v, 1e-300), 1.0)
+    dof_safe = np.maximum(dof, 1)
+
+    def excess(s2):
+        return np.sum(np.where(point, r2 / (v_safe + s2[:, None]), 0.0), axis=1) - dof_safe
+
+    lo_s, hi_s = np.zeros(rows), np.full(rows, 100.0)
+    scattered = excess(lo_s) > 0
+    for _ in range(80):
+        mid = 0.5 * (lo_s + hi_s)
+        big = excess(mid) > 0
+        lo_s, hi_s = np.where(big, mid, lo_s), np.where(big, hi_s, mid)
+    sigma2 = np.where(scattered, hi_s, 0.0)
+    w = np.where(point, 1.0 / np.maximum(v + sigma2[:, None], 1e-300), censor_w)
+    s_min, e_min, b_crit, best = fit_many(b, y, w, kind)
+    ok = (dof > 0) & np.isfinite(best)
+    dof_safe = np.where(ok, dof, 1)
+    # estimated scatter: the F quantile; resolution only (scatter below it): the chi-square quantile
+    threshold = best + np.where(scattered, (best / dof_safe) * f_dist.ppf(level, 1, dof_safe), chi2_dist.ppf(level, 1))
+    threshold = np.where(ok, threshold, np.nan)
+    lo_u = np.log(b.min()) - GRID_DECADES * np.log(10)
+    hi_u = np.log(b.max()) + GRID_DECADES * np.log(10)
+    grid = np.linspace(lo_u, hi_u, GRID_POINTS)
+    c_grid, obj = _profile(np.broadcast_to(grid, (rows, grid.size)), b, y, w, kind)
+    inside = obj <= threshold[:, None] * (1 + 1e-12)
+    # the fitted value is inside by construction
+    u_hat = np.log(np.where((b_crit > 0) & np.isfinite(b_crit), b_crit, 1.0))
+    c0, obj0 = _best_offset(y, w, kind)
+    cinf, objinf = _best_offset(y + np.log(b), w, kind)
+    zero_in = obj0 <= threshold * (1 + 1e-12)
+    inf_in = objinf <= threshold * (1 + 1e-12)
+    any_in = inside.any(axis=1)
+    first = np.argmax(inside, axis=1)
+    last = grid.size - 1 - np.argmax(inside[:, ::-1], axis=1)
+
+    def crossing(a_u, b_u):
+        """Bisection for the threshold crossing between an inside point a_u and an outside point b_u."""
+        for _ in range(40):
+            mid = 0.5 * (a_u + b_u)
+            f_mid = _profile(mid[:, None], b, y, w, kind)[1][:, 0]
+            in_mid = f_mid <= threshold
+            a_u, b_u = np.where(in_mid, mid, a_u), np.where(in_mid, b_u, mid)
+        return a_u
+
+    interior = np.isfinite(b_crit) & (b_crit > 0)
+    anchor_low = np.where(any_in & interior, np.minimum(grid[first], u_hat), np.where(any_in, grid[first], u_hat))
+    anchor_high = np.where(any_in & interior, np.maximum(grid[last], u_hat), np.where(any_in, grid[last], u_hat))
+    below = grid[np.maximum(np.searchsorted(grid, anchor_low) - 1, 0)]
+    above = grid[np.minimum(np.searchsorted(grid, anchor_high, side="right"), grid.size - 1)]
+    low_u = crossing(anchor_low, np.minimum(below, anchor_low))
+    high_u = crossing(anchor_high, np.maximum(above, anchor_high))
+    b_low = np.where(zero_in, 0.0, np.exp(low_u))
+    b_high = np.where(inf_in, np.inf, np.exp(high_u))
+    flat_fit = b_crit == 0.0
+    steep_fit = np.isinf(b_crit)
+    b_low = np.where(flat_fit, 0.0, b_low)
+    b_high = np.where(steep_fit, np.inf, b_high)
+    b_low = np.where(steep_fit & ~any_in, np.exp(hi_u), b_low)
+    b_high = np.where(flat_fit & ~any_in, np.exp(lo_u), b_high)
+    # S_min and E_min over the accepted B_crit set (grid points plus the refined ends and the limits)
+    s_grid = np.where(inside, np.exp(c_grid), np.nan)
+    e_grid = np.where(inside, np.exp(c_grid + grid), np.nan)
+    c_lo = _profile(low_u[:, None], b, y, w, kind)[0][:, 0]
+    c_hi = _profile(high_u[:, None], b, y, w, kind)[0][:, 0]
+    s_all = np.concatenate([s_grid, np.exp(c_lo)[:, None], np.exp(c_hi)[:, None], s_min[:, None],
+                            np.where(zero_in, np.exp(c0), np.nan)[:, None], np.where(inf_in, 0.0, np.nan)[:, None]], axis=1)
+    e_all = np.concatenate([e_grid, np.exp(c_lo + low_u)[:, None], np.exp(c_hi + high_u)[:, None], e_min[:, None],
+                            np.where(zero_in, 0.0, np.nan)[:, None], np.where(inf_in, np.exp(cinf), np.nan)[:, None]], axis=1)
+    with np.errstate(invalid="ignore"):
+        out = {
+            "b_crit_low": b_low,
+            "b_crit_high": b_high,
+            "s_min_low": np.nanmin(s_all, axis=1),
+            "s_min_high": np.nanmax(s_all, axis=1),
+            "e_min_low": np.nanmin(e_all, axis=1),
+            "e_min_high": np.nanmax(e_all, axis=1),
+            "b_crit": b_crit,
+            "s_min": s_min,
+            "e_min": e_min,
+            "scatter": np.sqrt(sigma2),
+        }
+    for key in ("b_crit_low", "b_crit_high", "s_min_low", "s_min_high", "e_min_low", "e_min_high"):
+        out[key] = np.where(ok, out[key], np.nan)
+    return out

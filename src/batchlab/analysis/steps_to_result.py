@@ -1,9 +1,13 @@
-"""Steps to result per batch size, with the exact semantics of Shallue et al. (science.md 3.4).
+"""Steps to result per batch size, with the exact semantics of Shallue et al. (docs/methods.md,
+"Steps to result").
 
 For each batch size of a workload:
 
-1. Take the trials whose status is in ``statuses`` (default ``COMPLETE`` only) and, with
-   ``max_trials=N``, only the first N of them in trial-id order.
+1. Take the trials whose status is in ``statuses`` (default ``COMPLETE`` and ``STOPPED_AT_GOAL``)
+   from the selected studies (default: all; more than one study definition at one batch size is
+   refused unless ``mix_studies``) and, with ``max_trials=N``, only the first N of them in trial-id
+   order (``"auto"``: the paper's N for imported release workloads, refusing a batch size with
+   fewer trials; see :mod:`batchlab.analysis.selection`).
 2. Use evaluation steps only (no interpolation); with a step budget keep rows with ``step <= S``,
    with an example budget rows with ``batch_size * step <= E``.
 3. A row qualifies when its metric *strictly* beats the goal (``value < goal``, or ``value > goal``
@@ -16,15 +20,25 @@ For each batch size of a workload:
 
 Steps count optimizer updates: a measurement at step ``t`` was taken after ``t`` updates.
 
+Resolution. Evaluations are discrete, so a measured steps to result is a bracket: the goal was
+first met after more than ``steps_lower`` and at most ``steps`` updates, where ``steps_lower`` is
+the smallest, over the selected trials that reached the goal, of the evaluation step just before
+each one's first qualifying evaluation (0 when there was none before). Where no trial reached the
+goal, ``censored_at`` is the smallest last evaluated step (within the budget) over the selected
+trials: the steps to result is larger than that.
+
 Everything runs as one DuckDB query over the ``measurements`` view, so all workloads (or several
-goals) are answered together: a few narrowed scans (one per metric and direction and run of
-adjacent workloads) whose constant filters DuckDB pushes into the Parquet reader, so row groups of
-other workloads and metrics are skipped; the rows are reduced to each trial's first qualifying
-step, and only then joined to the (small) table of selected trials.
+goals) are answered together: one narrowed scan per selection whose constant filters DuckDB pushes
+into the Parquet reader, so row groups of other workloads and metrics are skipped; the rows are
+reduced to each trial's first qualifying step, its last
+evaluation step and the list of its evaluation steps that missed the goal (the bracket's lower end
+is the largest of those before the first qualifying step), and only then joined to the (small)
+table of selected trials.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import uuid
@@ -36,7 +50,21 @@ import numpy as np
 import pyarrow as pa
 
 from batchlab.analysis.curve import StepsCurve
-from batchlab.analysis.selection import Selection, check_selection, unknown_workload_error, workload_names
+from batchlab.analysis.selection import (
+    RELEASE_SOURCE,
+    Selection,
+    check_selection,
+    mixed_studies_error,
+    paper_max_trials,
+    resolve_studies,
+    stop_rule_error,
+    stop_rule_problem,
+    study_definitions,
+    unknown_workload_error,
+    workload_names,
+)
+from batchlab.analysis.tables import DEFAULT_STATUSES, view_columns
+from batchlab.errors import BatchlabError
 
 
 @dataclass(frozen=True)
@@ -50,8 +78,16 @@ class BatchSizeResult:
         trial_id: the best trial (the lowest id among those attaining ``steps``); ``None`` if not reached.
         value: the best trial's metric at ``steps``; ``None`` if not reached.
         parameters: the best trial's metaparameters (``{}`` if not reached).
-        n_trials: trials selected at this batch size (after the status and max-trials rules).
+        n_trials: trials selected at this batch size (after the study, status and max-trials rules).
         n_reached: how many of them reached the goal.
+        steps_lower: the lower end of the resolution bracket ``(steps_lower, steps]``: the smallest,
+            over the selected trials that reached the goal, of the evaluation step just before each
+            one's first qualifying evaluation (0 when none came before); ``None`` if not reached.
+        censored_at: not reached: the smallest last evaluated step (within the budget) among the
+            selected trials, so the steps to result is larger; ``None`` if reached or no trial has
+            an evaluation of the metric.
+        study_ids: the studies the selected trials came from (sorted; empty when the store records none).
+        max_trials: the N of the first-N rule used (``None``: every selected trial).
     """
 
     workload: str
@@ -62,11 +98,20 @@ class BatchSizeResult:
     parameters: dict = field(default_factory=dict)
     n_trials: int = 0
     n_reached: int = 0
+    steps_lower: int | None = None
+    censored_at: int | None = None
+    study_ids: list[str] = field(default_factory=list)
+    max_trials: int | None = None
 
     @property
     def reached(self) -> bool:
         """Whether any selected trial reached the goal."""
         return self.steps is not None
+
+    @property
+    def mixed_studies(self) -> bool:
+        """Whether the selected trials come from more than one study definition."""
+        return len(self.study_ids) > 1
 
     @property
     def learning_rate(self) -> float | None:
@@ -89,6 +134,8 @@ class BatchSizeResult:
             "workload": self.workload,
             "batch_size": self.batch_size,
             "steps": self.steps,
+            "steps_lower": self.steps_lower,
+            "censored_at": self.censored_at,
             "reached": self.reached,
             "trial_id": self.trial_id,
             "value": self.value,
@@ -99,11 +146,15 @@ class BatchSizeResult:
             "examples": None if self.steps is None else self.steps * self.batch_size,
             "n_trials": self.n_trials,
             "n_reached": self.n_reached,
+            "max_trials": self.max_trials,
+            "study_ids": list(self.study_ids),
+            "mixed_studies": self.mixed_studies,
         }
 
 
 def effective_learning_rate(learning_rate: float | None, momentum: float | None) -> float | None:
-    """``learning_rate / (1 - momentum)`` (science.md 3.3); ``learning_rate`` when momentum is absent."""
+    """``learning_rate / (1 - momentum)`` (docs/methods.md, "Steps to result"); ``learning_rate`` when
+    momentum is absent."""
     if learning_rate is None:
         return None
     if momentum is None:
@@ -119,16 +170,20 @@ def steps_to_result(
     metric: str,
     goal: float,
     maximize: bool = False,
-    max_trials: int | None = None,
+    max_trials: int | str | None = None,
     step_budget: int | None = None,
     example_budget: int | None = None,
-    statuses: Sequence[str] = ("COMPLETE",),
+    statuses: Sequence[str] = DEFAULT_STATUSES,
+    studies: Sequence[str] | None = None,
+    mix_studies: bool = False,
 ) -> list[BatchSizeResult]:
     """Steps to result per batch size of one workload, sorted by batch size (see the module docstring).
 
     Raises:
-        BatchlabError: unknown workload or metric (the message lists what exists), or a bad goal,
-            budget, ``max_trials`` or status.
+        BatchlabError: unknown workload, metric or study (the message lists what exists), a bad
+            goal, budget, ``max_trials`` or status, trials of one batch size from several studies
+            without ``mix_studies``, stopped trials that cannot answer the goal, or (``max_trials=
+            "auto"``) a release batch size with fewer trials than the paper's N.
     """
     selection = Selection(
         workload=workload,
@@ -139,6 +194,8 @@ def steps_to_result(
         step_budget=step_budget,
         example_budget=example_budget,
         statuses=tuple(statuses),
+        studies=None if studies is None else tuple(studies),
+        mix_studies=mix_studies,
     )
     return steps_to_result_many(con, [selection])[0]
 
@@ -153,6 +210,8 @@ def steps_to_result_many(
     With ``check`` (the default), an unknown workload or metric raises :class:`BatchlabError` listing
     what exists; the metric is looked up only for selections where nothing reached the goal, so the
     check costs nothing on the common path. ``check=False`` returns all-unreached results instead.
+    The study rules (one study per batch size unless ``mix_studies``, stopped trials only for goals
+    their stop rule covers, the paper's trial count under ``max_trials="auto"``) are checked either way.
     """
     if not selections:
         return []
@@ -162,10 +221,15 @@ def steps_to_result_many(
         for selection in selections:
             if selection.workload not in known:
                 raise unknown_workload_error(selection.workload, known)
-    rows = _query(con, selections, _BEST_SQL, workloads=workloads)
+    study_ids = [resolve_studies(con, s) if s.workload in workloads else None for s in selections]
+    rows = _query(con, selections, _BEST_SQL, study_ids=study_ids)
     results: list[list[BatchSizeResult]] = [[] for _ in selections]
-    for sel_id, batch_size, steps, trial_id, value, parameters, n_trials, n_reached in rows:
+    checks: list[list[tuple]] = [[] for _ in selections]
+    for (sel_id, batch_size, steps, trial_id, value, parameters, n_trials, n_reached, steps_lower, censored_at,
+         ids, stopped_ids, n_available, n_used) in rows:
         reached = steps is not None
+        ids = sorted(ids or [])
+        checks[sel_id].append((int(batch_size), ids, sorted(stopped_ids or []), int(n_available), n_used))
         results[sel_id].append(
             BatchSizeResult(
                 workload=selections[sel_id].workload,
@@ -176,35 +240,109 @@ def steps_to_result_many(
                 parameters=json.loads(parameters) if reached and parameters else {},
                 n_trials=int(n_trials),
                 n_reached=int(n_reached),
+                steps_lower=(int(steps_lower) if steps_lower is not None else 0) if reached else None,
+                censored_at=None if reached or censored_at is None else int(censored_at),
+                study_ids=ids,
+                max_trials=None if n_used is None else int(n_used),
             )
         )
     if check:
         for selection, per_batch in zip(selections, results):
             if not any(r.reached for r in per_batch):
                 check_selection(con, selection)
+    for selection, per_batch in zip(selections, checks):
+        check_study_rules(con, selection, per_batch)
     return results
+
+
+def check_study_rules(con: duckdb.DuckDBPyConnection, selection: Selection, per_batch: Sequence[tuple]) -> None:
+    """Raise a one-line :class:`BatchlabError` where the selected trials break a study rule.
+
+    ``per_batch``: ``(batch_size, study_ids, stopped_study_ids, n_available, n_used)`` per batch
+    size, where ``n_available`` counts the trials of the selected statuses and studies and
+    ``n_used`` is the N of the first-N rule (``None``: all). In order: the paper's trial count
+    (``max_trials="auto"`` only), one study per batch size (unless ``mix_studies``), and the stop
+    rule of the studies of the selected ``STOPPED_AT_GOAL`` trials (:func:`~batchlab.analysis.
+    selection.stop_rule_problem`).
+    """
+    if selection.max_trials == "auto":
+        for batch_size, _, _, n_available, n_used in per_batch:
+            if n_used is not None and n_available < n_used:
+                statuses = " or ".join(selection.statuses)
+                raise BatchlabError(
+                    f"workload {selection.workload!r} batch size {batch_size} has {n_available} trials ({statuses}), "
+                    f"fewer than the paper's first {n_used} (the default for imported release workloads); "
+                    "pass --max-trials all to use every trial, or --max-trials N"
+                )
+    definitions: dict[str, dict] | None = None
+    if not selection.mix_studies:
+        for batch_size, ids, _, _, _ in per_batch:
+            if len(ids) > 1:
+                definitions = study_definitions(con, selection.workload)
+                raise mixed_studies_error(selection, batch_size, ids, definitions)
+    for batch_size, _, stopped, _, _ in per_batch:
+        for study_id in stopped:
+            if definitions is None:
+                definitions = study_definitions(con, selection.workload)
+            stop_rule = definitions.get(study_id, {}).get("stop_rule")
+            problem = stop_rule_problem(selection, stop_rule)
+            if problem is not None:
+                raise stop_rule_error(selection, batch_size, study_id, problem, stop_rule)
 
 
 def trial_first_steps(con: duckdb.DuckDBPyConnection, selection: Selection) -> "pandas.DataFrame":  # noqa: F821
     """Every selected trial with its first qualifying step, one row per trial.
 
     Columns: ``batch_size``, ``trial_id``, ``first_step`` (float, NaN when the trial never reached the
-    goal within the budget), ``value`` (the metric there), ``parameters`` (JSON text), ``status``.
-    Sorted by batch size and trial id. This is the per-trial table behind :func:`steps_to_result`
-    (used by the bootstrap and the metaparameter scatter).
+    goal within the budget), ``value`` (the metric there), ``parameters`` (JSON text), ``status``,
+    ``study_id``, ``prev_step`` (float: the evaluation step before ``first_step``, 0 when none; NaN
+    when not reached) and ``last_step`` (float: the trial's last evaluation of the metric within the
+    budget; NaN when it has none). Sorted by batch size and trial id. This is the per-trial table
+    behind :func:`steps_to_result` (used by the bootstrap and the metaparameter scatter); it applies
+    the same study rules (:func:`check_study_rules`).
     """
-    frame = _query(con, [selection], _PER_TRIAL_SQL, fetch="df")
-    frame = frame.drop(columns=["sel_id"])
-    frame["first_step"] = frame["first_step"].astype(float)
-    frame["value"] = frame["value"].astype(float)
+    import pandas as pd
+
+    workloads = workload_names(con)
+    study_ids = [resolve_studies(con, selection) if selection.workload in workloads else None]
+    frame = _query(con, [selection], _PER_TRIAL_SQL, fetch="df", study_ids=study_ids)
+    per_batch = []
+    for batch_size, group in frame.groupby("batch_size", sort=True):
+        ids = sorted({str(x) for x in group["study_id"] if isinstance(x, str)})
+        stopped = sorted({str(x) for x, st in zip(group["study_id"], group["status"])
+                          if isinstance(x, str) and st == "STOPPED_AT_GOAL"})
+        n_used = group["n_used"].iloc[0]
+        n_used = None if pd.isna(n_used) else int(n_used)
+        per_batch.append((int(batch_size), ids, stopped, int(group["n_available"].iloc[0]), n_used))
+    check_study_rules(con, selection, per_batch)
+    frame = frame.drop(columns=["sel_id", "n_available", "n_used"])
+    for column in ("first_step", "value", "prev_step", "last_step"):
+        frame[column] = frame[column].astype(float)
     return frame.reset_index(drop=True)
 
 
 def steps_curve(results: Sequence[BatchSizeResult], label: str | None = None, metadata: dict | None = None) -> StepsCurve:
-    """The :class:`StepsCurve` of per-batch-size results (unreached batch sizes stay censored)."""
+    """The :class:`StepsCurve` of per-batch-size results (unreached batch sizes stay censored).
+
+    The curve carries the brackets: ``steps_lower`` (``None`` where not reached) and ``censored_at``
+    (``None`` where reached or unknown), aligned with the batch sizes, when :class:`StepsCurve`
+    has those fields.
+    """
     if label is None:
         label = results[0].workload if results else ""
-    return StepsCurve.from_points([(r.batch_size, r.steps) for r in results], label=label, metadata=metadata)
+    ordered = sorted(results, key=lambda r: r.batch_size)
+    batch_sizes = tuple(int(r.batch_size) for r in ordered)
+    steps = tuple(r.steps for r in ordered)
+    names = {f.name for f in dataclasses.fields(StepsCurve)}
+    extra = {}
+    if "steps_lower" in names:
+        extra["steps_lower"] = tuple(
+            r.steps_lower if r.reached and r.steps_lower is not None and r.steps_lower < r.steps else None
+            for r in ordered
+        )
+    if "censored_at" in names:
+        extra["censored_at"] = tuple(None if r.reached else r.censored_at for r in ordered)
+    return StepsCurve(batch_sizes=batch_sizes, steps=steps, label=label, metadata=dict(metadata or {}), **extra)
 
 
 def trial_steps_by_batch_size(frame) -> dict[int, np.ndarray]:
@@ -220,41 +358,67 @@ def trial_steps_by_batch_size(frame) -> dict[int, np.ndarray]:
     return out
 
 
-# The selected trials and their first qualifying steps. ``sel`` is a registered table of selections.
+# The selected trials, each one's first qualifying step, the evaluation before it and its last
+# evaluation. ``{selections}`` is a registered table of selections; ``{trials}`` and ``{studies}``
+# the views (with a NULL ``study_id`` where the store has none); ``{scans}`` the narrowed scans.
 _PER_TRIAL_CTE = """
 WITH sel AS (SELECT * FROM {selections}),
+candidates AS (
+    SELECT sel.sel_id, t.batch_size, t.trial_id, t.parameters, t.status, t.study_id, t.source
+    FROM sel JOIN {trials} AS t ON t.workload = sel.workload
+    WHERE list_contains(sel.statuses, t.status)
+      AND (sel.study_ids IS NULL OR list_contains(sel.study_ids, t.study_id))
+),
+trial_rule AS (
+    -- the N of the first-N rule per selection (NULL: every trial); "auto" is the paper's N when
+    -- the selected trials were imported from the release.
+    SELECT sel.sel_id,
+           CASE WHEN NOT sel.auto_trials THEN any_value(sel.max_trials)
+                WHEN coalesce(bool_or(c.source = '{release}'), false) THEN any_value(sel.paper_n) END AS n_used
+    FROM sel LEFT JOIN candidates AS c ON c.sel_id = sel.sel_id
+    GROUP BY sel.sel_id, sel.auto_trials
+),
 ranked AS (
-    SELECT sel.sel_id, t.batch_size, t.trial_id, t.parameters, t.status, sel.max_trials,
-           row_number() OVER (PARTITION BY sel.sel_id, t.batch_size ORDER BY t.trial_id) AS rank
-    FROM sel JOIN trials AS t ON t.workload = sel.workload AND list_contains(sel.statuses, t.status)
+    SELECT c.*, r.n_used,
+           row_number() OVER (PARTITION BY c.sel_id, c.batch_size ORDER BY c.trial_id) AS rank,
+           count(*) OVER (PARTITION BY c.sel_id, c.batch_size) AS n_available
+    FROM candidates AS c JOIN trial_rule AS r ON r.sel_id = c.sel_id
 ),
 chosen AS (
-    SELECT sel_id, batch_size, trial_id, parameters, status FROM ranked
-    WHERE max_trials IS NULL OR rank <= max_trials
+    SELECT sel_id, batch_size, trial_id, parameters, status, study_id, n_available, n_used FROM ranked
+    WHERE n_used IS NULL OR rank <= n_used
 ),
-hits AS (
-    -- each trial's earliest qualifying evaluation step, and the metric there (one row per step).
-    -- ``scans`` are narrowed scans of measurements (see _scans_sql), so the exact per-selection
-    -- conditions below see only rows that can qualify; the reduction to one row per trial
-    -- happens before anything is joined to trials.
-    SELECT sel.sel_id, m.batch_size, m.trial_id, min(m.step) AS first_step, arg_min(m.value, m.step) AS value
+evals AS (
+    -- per trial (all trials of the selection's workload): the earliest qualifying evaluation step
+    -- and the metric there, the last evaluation step within the budget, and the steps of the
+    -- evaluations that did not qualify (for the bracket below). ``scans`` are one narrowed scan
+    -- of measurements per selection that already marks the qualifying rows (see _scans_sql); the
+    -- reduction to one row per trial happens before anything is joined to trials.
+    SELECT m.sel_id, m.batch_size, m.trial_id,
+           min(m.step) FILTER (WHERE m.hit) AS first_step,
+           arg_min(m.value, m.step) FILTER (WHERE m.hit) AS value,
+           max(m.step) AS last_step,
+           list(m.step) FILTER (WHERE m.hit IS NOT TRUE) AS misses
     FROM ({scans}) AS m
-    JOIN sel ON m.scan_id = sel.scan_id AND m.workload = sel.workload
-    WHERE CASE WHEN sel.maximize THEN m.value > sel.goal ELSE m.value < sel.goal END
-      AND (sel.step_budget IS NULL OR m.step <= sel.step_budget)
-      AND (sel.example_budget IS NULL OR m.batch_size * m.step <= sel.example_budget)
-    GROUP BY sel.sel_id, m.batch_size, m.trial_id
+    GROUP BY m.sel_id, m.batch_size, m.trial_id
 ),
 per_trial AS (
-    SELECT c.sel_id, c.batch_size, c.trial_id, c.parameters, c.status, h.first_step, h.value
-    FROM chosen AS c LEFT JOIN hits AS h USING (sel_id, batch_size, trial_id)
+    -- a reaching trial's bracket starts at the evaluation just before its first qualifying one
+    -- (every evaluation before that one missed the goal), 0 when there was none.
+    SELECT c.sel_id, c.batch_size, c.trial_id, c.parameters, c.status, c.study_id, c.n_available, c.n_used,
+           e.first_step, e.value, e.last_step,
+           CASE WHEN e.first_step IS NOT NULL
+                THEN coalesce(list_max(list_filter(e.misses, x -> x < e.first_step)), 0) END AS prev_step
+    FROM chosen AS c
+    LEFT JOIN evals AS e ON e.sel_id = c.sel_id AND e.batch_size = c.batch_size AND e.trial_id = c.trial_id
 )
 """
 
 _PER_TRIAL_SQL = (
     _PER_TRIAL_CTE
     + """
-SELECT sel_id, batch_size, trial_id, first_step, value, parameters, status
+SELECT sel_id, batch_size, trial_id, first_step, value, parameters, status, study_id, prev_step, last_step,
+       n_available, n_used
 FROM per_trial ORDER BY batch_size, trial_id
 """
 )
@@ -263,139 +427,108 @@ _BEST_SQL = (
     _PER_TRIAL_CTE
     + """,
 ordered AS (
-    SELECT *,
-           row_number() OVER (PARTITION BY sel_id, batch_size ORDER BY first_step ASC NULLS LAST, trial_id) AS position,
-           count(*) OVER (PARTITION BY sel_id, batch_size) AS n_trials,
-           count(first_step) OVER (PARTITION BY sel_id, batch_size) AS n_reached
+    SELECT sel_id, batch_size, trial_id, first_step, value, parameters,
+           row_number() OVER (PARTITION BY sel_id, batch_size ORDER BY first_step ASC NULLS LAST, trial_id) AS position
     FROM per_trial
+),
+summary AS (
+    SELECT sel_id, batch_size, count(*) AS n_trials, count(first_step) AS n_reached,
+           min(prev_step) AS steps_lower, min(last_step) AS censored_at,
+           list(DISTINCT study_id) FILTER (WHERE study_id IS NOT NULL) AS study_ids,
+           list(DISTINCT study_id) FILTER (WHERE study_id IS NOT NULL AND status = 'STOPPED_AT_GOAL') AS stopped_ids,
+           any_value(n_available) AS n_available
+    FROM per_trial GROUP BY sel_id, batch_size
 ),
 batch_sizes AS (
     SELECT DISTINCT sel.sel_id, x.batch_size
-    FROM sel JOIN (SELECT workload, batch_size FROM studies UNION SELECT workload, batch_size FROM trials) AS x
-         ON x.workload = sel.workload
+    FROM sel JOIN (SELECT workload, batch_size, study_id FROM {studies}
+                   UNION ALL SELECT workload, batch_size, study_id FROM {trials}) AS x
+         ON x.workload = sel.workload AND (sel.study_ids IS NULL OR list_contains(sel.study_ids, x.study_id))
 )
 SELECT b.sel_id, b.batch_size, o.first_step, o.trial_id, o.value, o.parameters,
-       coalesce(o.n_trials, 0), coalesce(o.n_reached, 0)
-FROM batch_sizes AS b LEFT JOIN (SELECT * FROM ordered WHERE position = 1) AS o USING (sel_id, batch_size)
+       coalesce(s.n_trials, 0), coalesce(s.n_reached, 0), s.steps_lower, s.censored_at,
+       s.study_ids, s.stopped_ids, coalesce(s.n_available, 0), r.n_used
+FROM batch_sizes AS b
+JOIN trial_rule AS r ON r.sel_id = b.sel_id
+LEFT JOIN summary AS s ON s.sel_id = b.sel_id AND s.batch_size = b.batch_size
+LEFT JOIN (SELECT * FROM ordered WHERE position = 1) AS o ON o.sel_id = b.sel_id AND o.batch_size = b.batch_size
 ORDER BY b.sel_id, b.batch_size
 """
 )
 
 
-@dataclass(frozen=True)
-class _Scan:
-    """One narrowed scan of ``measurements``: the workloads ``first..last`` (a run of consecutive
-    workloads in the store's order) for one metric and direction, bounded by the loosest goal
-    (and step budget) of the selections it serves."""
+def _scans_sql(selections: Sequence[Selection], params: dict) -> str:
+    """A ``UNION ALL`` of one narrowed scan of ``measurements`` per selection, tagging each row with
+    the selection's id and whether it qualifies (``hit``).
 
-    first: str
-    last: str
-    metric: str
-    maximize: bool
-    goal: float
-    step_budget: int | None
-
-
-def _plan_scans(selections: Sequence[Selection], workloads: Sequence[str]) -> tuple[list[_Scan], list[int]]:
-    """The scans that cover ``selections`` and the scan of each selection.
-
-    ``workloads`` are the store's workloads in DuckDB's order. Selections with the same metric and
-    direction share a scan when their workloads are adjacent in that order, so asking for every
-    workload takes one scan per metric, while asking for one takes one scan of that workload only.
-    A workload not in ``workloads`` gets a scan of its own.
-    """
-    position = {w: i for i, w in enumerate(workloads)}
-    groups: dict[tuple[str, bool], list[int]] = {}
-    for i, s in enumerate(selections):
-        groups.setdefault((s.metric, bool(s.maximize)), []).append(i)
-    scans: list[_Scan] = []
-    scan_of = [0] * len(selections)
-    for (metric, maximize), members in sorted(groups.items()):
-        names = sorted({selections[i].workload for i in members}, key=lambda w: (position.get(w, -1), w))
-        runs: list[list[str]] = []
-        for name in names:
-            previous = runs[-1][-1] if runs else None
-            adjacent = (previous in position and name in position
-                        and position[name] == position[previous] + 1)
-            if adjacent:
-                runs[-1].append(name)
-            else:
-                runs.append([name])
-        for run in runs:
-            served = [i for i in members if selections[i].workload in run]
-            budgets = [selections[i].step_budget for i in served]
-            goals = [float(selections[i].goal) for i in served]
-            for i in served:
-                scan_of[i] = len(scans)
-            scans.append(_Scan(
-                first=run[0], last=run[-1], metric=metric, maximize=maximize,
-                goal=min(goals) if maximize else max(goals),
-                step_budget=max(budgets) if all(b is not None for b in budgets) else None,
-            ))
-    return scans, scan_of
-
-
-def _scans_sql(scans: Sequence[_Scan], params: dict) -> str:
-    """A ``UNION ALL`` of the scans, tagging each row with its scan id.
-
-    Each scan's WHERE is a conjunction of constant comparisons (``workload BETWEEN first AND last
-    AND metric = m AND value < g`` [``AND step <= S``]), which DuckDB pushes into the Parquet
+    Each scan's WHERE is a conjunction of constant comparisons (``workload = w AND metric = m``
+    [``AND step <= S``] [``AND batch_size * step <= E``]), which DuckDB pushes into the Parquet
     reader: with the store's files sorted by (workload, metric, batch_size, trial_id, step), the
-    row groups' min/max statistics skip every row group of other workloads and metrics. The bounds
-    only narrow (the exact per-selection conditions are applied after, and rows of a workload no
-    selection asked for are dropped by the join on the selection's workload). NaN and infinite
-    values never qualify: the value range excludes both infinities, and DuckDB orders NaN above
-    +inf (so a plain ``value > goal`` would count NaN as a hit under maximize).
+    row groups' min/max statistics skip every row group of other workloads and metrics. Every
+    evaluation row is kept, whatever its value, because the brackets need the evaluations that
+    missed the goal. ``hit`` compares with constants too: finite and strictly beyond the goal, as
+    one range on value: minimise (-inf, g), maximise (g, inf). In DuckDB NaN compares above +inf,
+    so neither range holds NaN or an infinity (a plain ``value > goal`` would count NaN as a hit
+    under maximize). Selections asking several goals of one workload scan it once each.
     """
     parts = []
-    for k, scan in enumerate(scans):
-        params[f"f{k}"], params[f"l{k}"] = scan.first, scan.last
-        params[f"m{k}"], params[f"g{k}"] = scan.metric, scan.goal
-        # finite and strictly beyond the goal, as one range on value: minimise (-inf, g), maximise
-        # (g, inf). In DuckDB NaN compares above +inf, so neither range holds NaN or an infinity.
-        params[f"i{k}"] = math.inf if scan.maximize else -math.inf
-        value_range = (f"value > $g{k} AND value < $i{k}" if scan.maximize
-                       else f"value > $i{k} AND value < $g{k}")
-        where = f"workload BETWEEN $f{k} AND $l{k} AND metric = $m{k} AND {value_range}"
-        if scan.step_budget is not None:
-            params[f"s{k}"] = scan.step_budget
+    for k, selection in enumerate(selections):
+        params[f"w{k}"], params[f"m{k}"], params[f"g{k}"] = selection.workload, selection.metric, float(selection.goal)
+        params[f"i{k}"] = math.inf if selection.maximize else -math.inf
+        hit = (f"value > $g{k} AND value < $i{k}" if selection.maximize else f"value > $i{k} AND value < $g{k}")
+        where = f"workload = $w{k} AND metric = $m{k}"
+        if selection.step_budget is not None:
+            params[f"s{k}"] = int(selection.step_budget)
             where += f" AND step <= $s{k}"
+        if selection.example_budget is not None:
+            params[f"e{k}"] = int(selection.example_budget)
+            where += f" AND batch_size * step <= $e{k}"
         parts.append(
-            f"SELECT {k} AS scan_id, workload, batch_size, trial_id, step, value FROM measurements "
-            f"WHERE {where}"
+            f"SELECT CAST({k} AS BIGINT) AS sel_id, batch_size, trial_id, step, value, ({hit}) AS hit "
+            f"FROM measurements WHERE {where}"
         )
     return "\nUNION ALL\n".join(parts)
 
 
-def _selections_table(selections: Sequence[Selection], scan_of: Sequence[int]) -> pa.Table:
+def _selections_table(selections: Sequence[Selection], study_ids: Sequence[tuple[str, ...] | None]) -> pa.Table:
     return pa.table(
         {
             "sel_id": pa.array(range(len(selections)), pa.int64()),
-            "scan_id": pa.array(scan_of, pa.int64()),
             "workload": pa.array([s.workload for s in selections], pa.string()),
             "metric": pa.array([s.metric for s in selections], pa.string()),
             "goal": pa.array([float(s.goal) for s in selections], pa.float64()),
             "maximize": pa.array([bool(s.maximize) for s in selections], pa.bool_()),
-            "max_trials": pa.array([s.max_trials for s in selections], pa.int64()),
+            "max_trials": pa.array([s.fixed_max_trials for s in selections], pa.int64()),
+            "auto_trials": pa.array([s.max_trials == "auto" for s in selections], pa.bool_()),
+            "paper_n": pa.array([paper_max_trials(s.workload) for s in selections], pa.int64()),
             "step_budget": pa.array([s.step_budget for s in selections], pa.int64()),
             "example_budget": pa.array([s.example_budget for s in selections], pa.int64()),
             "statuses": pa.array([list(s.statuses) for s in selections], pa.list_(pa.string())),
+            "study_ids": pa.array([None if ids is None else list(ids) for ids in study_ids], pa.list_(pa.string())),
         }
     )
 
 
+def _with_study_id(con: duckdb.DuckDBPyConnection, view: str) -> str:
+    """``view``, or a subquery adding a NULL ``study_id`` where the store's view has none."""
+    if "study_id" in view_columns(con, view):
+        return view
+    return f"(SELECT *, CAST(NULL AS VARCHAR) AS study_id FROM {view})"
+
+
 def _query(con: duckdb.DuckDBPyConnection, selections: Sequence[Selection], sql: str, fetch: str = "all",
-           workloads: Sequence[str] | None = None):
+           study_ids: Sequence[tuple[str, ...] | None] | None = None):
     """Run ``sql`` with the selections registered under a unique name, then unregister them.
 
-    ``workloads``: the store's workloads in DuckDB's order (looked up when not given)."""
-    if workloads is None:
-        workloads = workload_names(con)
-    scans, scan_of = _plan_scans(selections, workloads)
+    ``study_ids``: the resolved study ids of each selection (``None``: all studies)."""
+    if study_ids is None:
+        study_ids = [None] * len(selections)
     params: dict = {}
     name = f"_batchlab_selections_{uuid.uuid4().hex}"
-    text = sql.format(selections=name, scans=_scans_sql(scans, params))
-    con.register(name, _selections_table(selections, scan_of))
+    text = sql.format(selections=name, scans=_scans_sql(selections, params),
+                      trials=_with_study_id(con, "trials"), studies=_with_study_id(con, "studies"),
+                      release=RELEASE_SOURCE)
+    con.register(name, _selections_table(selections, study_ids))
     try:
         result = con.execute(text, params)
         return result.df() if fetch == "df" else result.fetchall()

@@ -4,9 +4,13 @@ The analysis is written against the DuckDB views a :class:`batchlab.store.Store`
 (docs/internals.md)::
 
     workloads(workload, dataset, model, optimizer, tags)
-    studies(workload, batch_size, search_space, train_steps, early_stopping)
-    trials(workload, batch_size, trial_id, trial_key, parameters, status, steps, seed, source)
+    studies(workload, batch_size, study_id, search_space, train_steps, early_stopping, definition)
+    trials(workload, batch_size, trial_id, trial_key, study_id, parameters, status, steps, seed, source)
     measurements(workload, batch_size, trial_id, step, metric, value)
+
+``study_id`` names one study definition (budget, train examples, search space, evaluation
+schedule, stop rule, seed, source: the JSON text in ``definition``); trials of one workload and
+batch size may come from several studies.
 
 :func:`connect_tables` builds the same views from pandas DataFrames or Arrow tables, so the analysis
 also runs on data that never went through a store (a notebook, a test, another tool's export).
@@ -20,19 +24,33 @@ from batchlab.errors import BatchlabError
 
 VIEW_COLUMNS: dict[str, tuple[str, ...]] = {
     "workloads": ("workload", "dataset", "model", "optimizer", "tags"),
-    "studies": ("workload", "batch_size", "search_space", "train_steps", "early_stopping"),
-    "trials": ("workload", "batch_size", "trial_id", "trial_key", "parameters", "status", "steps", "seed", "source"),
+    "studies": ("workload", "batch_size", "study_id", "search_space", "train_steps", "early_stopping", "definition"),
+    "trials": (
+        "workload", "batch_size", "trial_id", "trial_key", "study_id", "parameters", "status", "steps", "seed", "source",
+    ),
     "measurements": ("workload", "batch_size", "trial_id", "step", "metric", "value"),
 }
 
-TRIAL_STATUSES = ("COMPLETE", "INCOMPLETE", "INFEASIBLE")
+# Columns a table given to :func:`connect_tables` may lack (they read as NULL): tables written
+# before stores kept study definitions have none.
+OPTIONAL_COLUMNS: dict[str, tuple[str, ...]] = {
+    "studies": ("study_id", "definition"),
+    "trials": ("study_id",),
+}
+
+TRIAL_STATUSES = ("COMPLETE", "INCOMPLETE", "INFEASIBLE", "STOPPED_AT_GOAL")
+
+# The statuses analysed by default: trials that ran their step budget, and trials stopped early
+# because an evaluation met their study's stop rule (their steps are the updates actually run).
+DEFAULT_STATUSES = ("COMPLETE", "STOPPED_AT_GOAL")
 
 
 def connect_tables(*, workloads, studies, trials, measurements) -> duckdb.DuckDBPyConnection:
     """Return a fresh in-memory DuckDB connection with the four store views over the given tables.
 
     Each argument is a pandas DataFrame or a pyarrow Table holding (at least) the view's columns
-    (:data:`VIEW_COLUMNS`); extra columns are dropped.
+    (:data:`VIEW_COLUMNS`, except the :data:`OPTIONAL_COLUMNS`, which read as NULL when absent);
+    extra columns are dropped.
 
     Raises:
         BatchlabError: a table lacks one of its view's columns.
@@ -40,9 +58,20 @@ def connect_tables(*, workloads, studies, trials, measurements) -> duckdb.DuckDB
     con = duckdb.connect(":memory:")
     for name, table in (("workloads", workloads), ("studies", studies), ("trials", trials), ("measurements", measurements)):
         columns = list(table.column_names) if hasattr(table, "column_names") else list(table.columns)
-        missing = [c for c in VIEW_COLUMNS[name] if c not in columns]
+        optional = OPTIONAL_COLUMNS.get(name, ())
+        missing = [c for c in VIEW_COLUMNS[name] if c not in columns and c not in optional]
         if missing:
-            raise BatchlabError(f"table {name!r} lacks columns {missing}; required: {', '.join(VIEW_COLUMNS[name])}")
+            required = [c for c in VIEW_COLUMNS[name] if c not in optional]
+            raise BatchlabError(f"table {name!r} lacks columns {missing}; required: {', '.join(required)}")
         con.register(f"_batchlab_source_{name}", table)
-        con.execute(f"CREATE VIEW {name} AS SELECT {', '.join(VIEW_COLUMNS[name])} FROM _batchlab_source_{name}")
+        select = ", ".join(
+            c if c not in optional else f"CAST({c if c in columns else 'NULL'} AS VARCHAR) AS {c}"
+            for c in VIEW_COLUMNS[name]
+        )
+        con.execute(f"CREATE VIEW {name} AS SELECT {select} FROM _batchlab_source_{name}")
     return con
+
+
+def view_columns(con: duckdb.DuckDBPyConnection, view: str) -> tuple[str, ...]:
+    """The columns of ``view`` on this connection (a store written before a column existed lacks it)."""
+    return tuple(d[0] for d in con.execute(f"SELECT * FROM {view} LIMIT 0").description)

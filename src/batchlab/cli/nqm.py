@@ -28,6 +28,8 @@ _P = typer.Option(0.0, "--precondition", help="preconditioning power p in [0, 1]
 _TARGET = typer.Option(0.01, "--target", help="target expected loss C (0 < C < initial loss)")
 _MAXSTEPS = typer.Option(None, "--max-steps", help="step budget (default 10^9-1 SGD, 10^7-1 otherwise)")
 _JSON = typer.Option(False, "--json", help="one JSON object per line")
+_TOL = typer.Option(0.1, "--tolerance", help="regime tolerance in (0, 1) (docs/methods.md, regimes)")
+_B0 = typer.Option(None, "--b0", help="batch size perfect scaling is measured from (a reached one; default the smallest)")
 
 
 def _problem(preset: str, power_law: Optional[str], dim: Optional[int], spectrum: Optional[str]):
@@ -122,7 +124,7 @@ def _rows_for_sweep(problem, algorithm, batch_sizes, target, grid, schedule, max
     return tune_scheduled(problem, algorithm, batch_sizes, target, kind, max_steps=max_steps)
 
 
-def _print_table(title: str, rows: list[dict], columns: list[str]) -> None:
+def _print_table(title: str, rows: list[dict], columns: list[str], width: int = 132) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -137,7 +139,7 @@ def _print_table(title: str, rows: list[dict], columns: list[str]) -> None:
         table.add_row(*cells)
     import shutil
 
-    Console(width=max(shutil.get_terminal_size().columns, 132)).print(table)
+    Console(width=max(shutil.get_terminal_size().columns, width)).print(table)
 
 
 def _tuned_rows(preset, power_law, dim, spectrum, optimizer, precondition, batch_sizes, target, grid, schedule,
@@ -156,12 +158,31 @@ def _tuned_rows(preset, power_law, dim, spectrum, optimizer, precondition, batch
     return problem, rows
 
 
-def _fit_summary(rows: list[dict], label: str) -> dict:
+def _fit_summary(rows: list[dict], label: str, grid: str = "auto", tolerance: float = 0.1, b0: Optional[int] = None) -> dict:
+    """``summarize_curve`` of the tuned rows plus the batch grid it rests on (docs/methods.md)."""
     from batchlab.analysis.critical_batch_size import summarize_curve
     from batchlab.analysis.curve import StepsCurve
 
     curve = StepsCurve.from_points([(r["batch_size"], r["steps"]) for r in rows], label=label)
-    return summarize_curve(curve)
+    summary = summarize_curve(curve, tolerance=tolerance, b0=b0)
+    sizes = [int(b) for b in curve.batch_sizes]
+    reached = [int(b) for b, s in zip(curve.batch_sizes, curve.steps) if s is not None]
+    summary["batch_grid"] = {
+        "batch_sizes": sizes,
+        "n": len(sizes),
+        "n_reached": len(reached),
+        "smallest": sizes[0],
+        "largest": sizes[-1],
+        "b0": summary["b0"],
+        "learning_rate_grid": grid,
+    }
+    return summary
+
+
+def _check_tolerance(tolerance: float) -> float:
+    if not 0 < tolerance < 1:
+        raise BatchlabError(f"--tolerance must be in (0, 1), got {tolerance:g}")
+    return tolerance
 
 
 @nqm_app.command("sweep")
@@ -178,12 +199,15 @@ def sweep(
     schedule: str = typer.Option("constant", "--schedule", help="constant, pwc:K, linear or cosine"),
     max_steps: Optional[int] = _MAXSTEPS,
     fit: bool = typer.Option(False, "--fit", help="add the critical batch size summary (S(B) fit)"),
+    tolerance: float = _TOL,
+    b0: Optional[int] = _B0,
     notebook_fudge: bool = typer.Option(
         False, "--notebook-fudge", help="SGD only: add the notebook's 1e-8 to 1 - beta (reproduces its numbers exactly)"
     ),
     as_json: bool = _JSON,
 ) -> None:
     """Tuned steps to target per batch size (one JSON object per batch size with --json)."""
+    _check_tolerance(tolerance)
     problem, rows = _tuned_rows(
         preset, power_law, dim, spectrum, optimizer, precondition, batch_sizes, target, grid, schedule, max_steps,
         notebook_fudge,
@@ -191,7 +215,8 @@ def sweep(
     common = {"problem": problem.name, "optimizer": optimizer, "precondition": precondition, "target": target}
     summary = None
     if fit:
-        summary = _fit_summary(rows, f"{optimizer} p={precondition:g} target={target:g}")
+        used = grid if schedule == "constant" else "official"
+        summary = _fit_summary(rows, f"{optimizer} p={precondition:g} target={target:g}", used, tolerance, b0)
     if as_json:
         for row in rows:
             used = grid if schedule == "constant" else "official"  # schedules search the official LR grid
@@ -206,11 +231,32 @@ def sweep(
 
 
 def _print_fit(summary: dict) -> None:
+    grid = summary["batch_grid"]
+    named = summary["critical_batch_sizes"]
+    tol = summary["tolerance"]
+    print(
+        f"batch grid: B = {grid['smallest']}..{grid['largest']}, {grid['n']} batch sizes ({grid['n_reached']} reached), "
+        f"B0 = {grid['b0']:g}, learning-rate grid {grid['learning_rate_grid']}"
+    )
+    data_rows = []
+    for name in ("perfect_scaling_end", "maximal_parallelism_start"):
+        entry = named[name]
+        data_rows.append({"name": name, "value": entry["value"], "interpolated": entry.get("interpolated"),
+                          "points inside": entry.get("n_points"), "reason": entry.get("reason") or ""})
+    measured = summary["s_min"]["measured"]
+    data_rows.append({"name": "S_min measured (steps)", "value": measured["value"], "interpolated": None,
+                      "points inside": None, "reason": "" if measured["plateau_seen"] else measured["note"]})
+    _print_table(f"regimes read from the data (tolerance {tol:g}): {summary['label']}", data_rows,
+                 ["name", "value", "interpolated", "points inside", "reason"])
     fit = summary["fit"]
-    rows = [{"name": k, "value": v["value"]} for k, v in summary["critical_batch_sizes"].items()]
-    rows.append({"name": "S_min (steps)", "value": fit["s_min"]})
-    rows.append({"name": "E_min (examples)", "value": fit["e_min"]})
-    _print_table(f"critical batch sizes: {summary['label']}", rows, ["name", "value"])
+    fit_rows = [{"name": k, "value": v["value"]} for k, v in named.items() if v["source"] == "fit"]
+    fit_rows.append({"name": "S_min fit (steps)", "value": fit["s_min"]})
+    fit_rows.append({"name": "E_min fit (examples)", "value": fit["e_min"]})
+    fit_rows.append({"name": "rms log residual", "value": fit["rms_log_residual"]})
+    _print_table(f"from the fit S(B) = S_min + E_min / B ({fit['n_points']} points): {summary['label']}", fit_rows,
+                 ["name", "value"])
+    for warning in summary["warnings"]:
+        print(f"warning: {warning}")
 
 
 @nqm_app.command("fit")
@@ -228,13 +274,17 @@ def fit_command(
     grid: str = typer.Option("auto", "--grid", help="official or auto"),
     schedule: str = typer.Option("constant", "--schedule", help="constant, pwc:K, linear or cosine"),
     max_steps: Optional[int] = _MAXSTEPS,
+    tolerance: float = _TOL,
+    b0: Optional[int] = _B0,
     as_json: bool = _JSON,
 ) -> None:
-    """Fit S(B) = S_min (1 + B_crit / B) to the tuned curve and print the named critical batch sizes."""
+    """Fit S(B) = S_min (1 + B_crit / B), read the regimes from the data; print both with the batch grid used."""
+    _check_tolerance(tolerance)
     _, rows = _tuned_rows(
         preset, power_law, dim, spectrum, optimizer, precondition, batch_sizes, target, grid, schedule, max_steps
     )
-    summary = _fit_summary(rows, f"{optimizer} p={precondition:g} target={target:g}")
+    used = grid if schedule == "constant" else "official"
+    summary = _fit_summary(rows, f"{optimizer} p={precondition:g} target={target:g}", used, tolerance, b0)
     if as_json:
         print(json.dumps(summary))
     else:
@@ -328,16 +378,23 @@ def figures(
                 "S_min": summary["fit"]["s_min"],
                 "B_crit": named["mccandlish_b_crit"]["value"],
                 "B_20%": named["overhead_20pct"]["value"],
-                "scaling_end": named["perfect_scaling_end"]["value"],
-                "max_parallel_start": named["maximal_parallelism_start"]["value"],
+                "S_min_measured": summary["s_min"]["measured"]["value"],
+                "ps_end_data": named["perfect_scaling_end"]["value"],
+                "mp_start_data": named["maximal_parallelism_start"]["value"],
+                "ps_end_fit": named["fit_perfect_scaling_end"]["value"],
+                "mp_start_fit": named["fit_maximal_parallelism_start"]["value"],
+                "B_range": f"{summary['batch_size_range'][0]:g}-{summary['batch_size_range'][1]:.3g}",
+                "B0": summary["b0"],
                 "rms_log_resid": summary["fit"]["rms_log_residual"],
             }
         )
     _print_table(
         "NQM critical batch sizes (official grids; target 0.01 unless stated; B_crit = McCandlish E_min/S_min, "
-        "B_20% = 20% overhead, scaling_end/max_parallel_start at 10% tolerance)",
+        "B_20% = 20% overhead from B0; ps_end/mp_start: perfect scaling end / maximal parallelism start at 10% "
+        "tolerance, read from the data (_data, '-' = beyond the measured range) or from the fit (_fit))",
         rows,
         list(rows[0]),
+        width=200,
     )
     print(f"wrote {len(paths)} figures to {out} in {elapsed:.2f} s (computation {computed:.2f} s)")
 

@@ -1,12 +1,16 @@
 """Command group ``plot``: the Shallue et al. figure types from a measurement store, one command each.
 
 Every command reads ``--store DIR``, computes with :mod:`batchlab.analysis` and writes one figure to
-``--out FILE`` (``.png``, ``.pdf`` or ``.svg``; written atomically), then prints the path.
+``--out FILE`` (``.png``, ``.pdf`` or ``.svg``; written atomically), then prints the path. The trial
+selection options are those of ``batchlab analyze`` (``--status``, ``--max-trials N|all|auto``,
+``--study ID``, ``--mix-studies``, budgets; docs/methods.md), so a figure shows the same numbers.
 
-* ``steps-to-result``: steps to result on log2 axes with perfect scaling and the fitted S(B).
+* ``steps-to-result``: steps to result on log2 axes with resolution brackets, censored batch sizes at
+  their bound, perfect scaling from B0, the fitted S(B) and the regimes read from the data.
 * ``compare-workloads``: several ``--workload`` curves, normalised at a reference batch size.
 * ``goals``: several ``--goal`` values on one workload.
-* ``metaparameters``: optimal learning rate, 1 - momentum, effective learning rate, with heuristics.
+* ``metaparameters``: optimal learning rate, 1 - momentum, effective learning rate, with heuristics;
+  best trials at the edge of their searched range are marked (and listed on stderr).
 * ``lr-momentum``: all trials in the (learning rate, 1 - momentum) plane, per batch size.
 * ``best-measurement``: best metric against batch size, one line per step or example budget.
 """
@@ -20,15 +24,19 @@ import typer
 from batchlab.cli.analyze import (
     EXAMPLE_BUDGET,
     GOAL,
-    MAX_TRIALS,
+    MAX_TRIALS_RULE,
     MAXIMIZE,
     METRIC,
+    MIX_STUDIES,
     STATUS,
     STEP_BUDGET,
     STORE,
+    STUDY,
     WORKLOAD,
     connect_store,
     make_selection,
+    parse_max_trials,
+    parse_studies,
 )
 from batchlab.errors import BatchlabError
 
@@ -40,6 +48,10 @@ plot_app = typer.Typer(
 
 OUT = typer.Option(..., "--out", help="Figure file to write (.png, .pdf or .svg).")
 FIT = typer.Option(True, "--fit/--no-fit", help="Draw the fitted S(B) = S_min + E_min / B.")
+TOLERANCE = typer.Option(
+    0.1, "--tolerance",
+    help="Tolerance of the regimes read from the data, in (0, 1) (docs/methods.md, \"Regimes read from the data\").",
+)
 
 
 @plot_app.command("steps-to-result")
@@ -49,37 +61,55 @@ def steps_to_result_plot(
     metric: str = METRIC,
     goal: float = GOAL,
     maximize: bool = MAXIMIZE,
-    max_trials: int | None = MAX_TRIALS,
+    max_trials: str = MAX_TRIALS_RULE,
+    studies: list[str] = STUDY,
+    mix_studies: bool = MIX_STUDIES,
     step_budget: int | None = STEP_BUDGET,
     example_budget: int | None = EXAMPLE_BUDGET,
     status: list[str] = STATUS,
     fit: bool = FIT,
-    n_boot: int = typer.Option(0, "--bootstrap", min=0,
-                               help="Draw bootstrap intervals of the steps from N replicates (0: none)."),
+    n_boot: int = typer.Option(
+        0, "--bootstrap", min=0,
+        help="Draw the interval of the steps at each batch size (a one-sided upper bound on the median "
+             "best-of-K steps; docs/methods.md, \"Intervals\"), with N resampling replicates (0: no intervals).",
+    ),
     level: float = typer.Option(0.9, "--level", help="Interval coverage, in (0, 1)."),
-    seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
+    seed: int = typer.Option(0, "--seed", help="Resampling seed (an integer >= 0)."),
+    tolerance: float = TOLERANCE,
     out: Path = OUT,
 ) -> None:
-    """Steps to result against batch size (log2 axes), perfect-scaling line and fitted S(B)."""
+    """Steps to result against batch size (log2 axes): resolution brackets as error bars, unreached
+    batch sizes at their censoring bound with an upward arrow, the perfect-scaling line from B0, the
+    fitted S(B) (labelled as a fit) and the regimes read from the data, shaded (docs/methods.md)."""
     from batchlab.plots.shallue import check_figure_path, save_figure, steps_to_result_figure
 
     check_figure_path(out)
-    selection = make_selection(workload, metric, goal, maximize, max_trials, step_budget, example_budget, status)
-    curves = _curves([selection], labels=[workload], store=store)
+    if not 0 < tolerance < 1:
+        raise BatchlabError(f"--tolerance must be in (0, 1), got {tolerance:g}")
+    selection = make_selection(
+        workload, metric, goal, maximize, max_trials, step_budget, example_budget, status, studies, mix_studies
+    )
+    curves, (results,) = _curves([selection], labels=[workload], store=store, with_results=True)
     intervals = None
     if n_boot:
         from batchlab.analysis.bootstrap import critical_batch_size_with_intervals
 
         con = connect_store(store)
         try:
-            estimate = critical_batch_size_with_intervals(con, selection, n_boot=n_boot, level=level, seed=seed)
+            estimate = critical_batch_size_with_intervals(
+                con, selection, n_boot=n_boot, level=level, seed=seed, tolerance=tolerance
+            )
         finally:
             con.close()
-        intervals = [[tuple(row["steps_interval"]) for row in estimate.regimes]]
+        intervals = [[_interval(row.get("steps_interval")) for row in estimate.regimes]]
     figure = steps_to_result_figure(
-        curves, fits=_fits(curves) if fit else None, title=_title(selection), intervals=intervals
+        curves, fits=_fits(curves) if fit else None, title=_title(selection), intervals=intervals,
+        tolerance=tolerance, interval_label=f"{level:.0%} interval of the median best-of-K steps",
+        caption=_caption(selection, results),
     )
     print(save_figure(figure, out))
+    for warning in _curve_warnings(curves[0], tolerance):
+        typer.echo(f"warning: {warning}", err=True)
 
 
 @plot_app.command("compare-workloads")
@@ -89,7 +119,9 @@ def compare_workloads_plot(
     metrics: list[str] = typer.Option(..., "--metric", help="One metric for all, or one per --workload."),
     goals: list[float] = typer.Option(..., "--goal", help="One goal for all, or one per --workload."),
     maximize: bool = MAXIMIZE,
-    max_trials: int | None = MAX_TRIALS,
+    max_trials: str = MAX_TRIALS_RULE,
+    studies: list[str] = STUDY,
+    mix_studies: bool = MIX_STUDIES,
     step_budget: int | None = STEP_BUDGET,
     example_budget: int | None = EXAMPLE_BUDGET,
     status: list[str] = STATUS,
@@ -107,7 +139,7 @@ def compare_workloads_plot(
     metrics = _one_or_each("--metric", metrics, len(workloads))
     goals = _one_or_each("--goal", goals, len(workloads))
     selections = [
-        make_selection(w, m, g, maximize, max_trials, step_budget, example_budget, status)
+        make_selection(w, m, g, maximize, max_trials, step_budget, example_budget, status, studies, mix_studies)
         for w, m, g in zip(workloads, metrics, goals)
     ]
     labels = [f"{w} ({m} {'>' if maximize else '<'} {g:g})" for w, m, g in zip(workloads, metrics, goals)]
@@ -126,7 +158,9 @@ def goals_plot(
     metric: str = METRIC,
     goals: list[float] = typer.Option(..., "--goal", help="A goal; repeat for each curve."),
     maximize: bool = MAXIMIZE,
-    max_trials: int | None = MAX_TRIALS,
+    max_trials: str = MAX_TRIALS_RULE,
+    studies: list[str] = STUDY,
+    mix_studies: bool = MIX_STUDIES,
     step_budget: int | None = STEP_BUDGET,
     example_budget: int | None = EXAMPLE_BUDGET,
     status: list[str] = STATUS,
@@ -138,7 +172,10 @@ def goals_plot(
 
     check_figure_path(out)
     selections = [
-        make_selection(workload, metric, g, maximize, max_trials, step_budget, example_budget, status) for g in goals
+        make_selection(
+            workload, metric, g, maximize, max_trials, step_budget, example_budget, status, studies, mix_studies
+        )
+        for g in goals
     ]
     labels = [f"{metric} {'>' if maximize else '<'} {g:g}" for g in goals]
     curves = _curves(selections, labels=labels, store=store)
@@ -152,25 +189,37 @@ def metaparameters_plot(
     metric: str = METRIC,
     goal: float = GOAL,
     maximize: bool = MAXIMIZE,
-    max_trials: int | None = MAX_TRIALS,
+    max_trials: str = MAX_TRIALS_RULE,
+    studies: list[str] = STUDY,
+    mix_studies: bool = MIX_STUDIES,
     step_budget: int | None = STEP_BUDGET,
     example_budget: int | None = EXAMPLE_BUDGET,
     status: list[str] = STATUS,
     out: Path = OUT,
 ) -> None:
-    """The best trial's learning rate, 1 - momentum and effective learning rate against batch size."""
-    from batchlab.analysis.metaparameters import optimal_metaparameters
+    """The best trial's learning rate, 1 - momentum and effective learning rate against batch size.
+
+    Points whose best trial lies in the outer 10% of a searched range (in the parameter's own scale;
+    docs/methods.md, "Search-edge warnings") are ringed in the figure and listed on stderr."""
+    from batchlab.analysis.metaparameters import optimal_metaparameters, search_edge_warnings
     from batchlab.analysis.steps_to_result import steps_to_result_many
     from batchlab.plots.shallue import check_figure_path, metaparameters_figure, save_figure
 
     check_figure_path(out)
-    selection = make_selection(workload, metric, goal, maximize, max_trials, step_budget, example_budget, status)
+    selection = make_selection(
+        workload, metric, goal, maximize, max_trials, step_budget, example_budget, status, studies, mix_studies
+    )
     con = connect_store(store)
     try:
         results = steps_to_result_many(con, [selection])[0]
+        edges = search_edge_warnings(con, results)
     finally:
         con.close()
-    print(save_figure(metaparameters_figure(optimal_metaparameters(results), title=_title(selection)), out))
+    figure = metaparameters_figure(optimal_metaparameters(results, search_edges=edges), title=_title(selection),
+                                   caption=_caption(selection, results))
+    print(save_figure(figure, out))
+    for warning in edges:
+        typer.echo(f"warning: {warning['message']}", err=True)
 
 
 @plot_app.command("lr-momentum")
@@ -180,26 +229,44 @@ def lr_momentum_plot(
     metric: str = METRIC,
     goal: float = GOAL,
     maximize: bool = MAXIMIZE,
-    max_trials: int | None = MAX_TRIALS,
+    max_trials: str = MAX_TRIALS_RULE,
+    studies: list[str] = STUDY,
+    mix_studies: bool = MIX_STUDIES,
     step_budget: int | None = STEP_BUDGET,
     example_budget: int | None = EXAMPLE_BUDGET,
     status: list[str] = STATUS,
     batch_sizes: list[int] = typer.Option(None, "--batch-size", help="A batch size to show; repeat (default: all)."),
     out: Path = OUT,
 ) -> None:
-    """Every trial in the (learning rate, 1 - momentum) plane: reached, not reached, diverged."""
-    from batchlab.analysis.metaparameters import trial_outcomes
+    """Every trial in the (learning rate, 1 - momentum) plane: reached, not reached, diverged.
+
+    Each panel draws its searched range (dashed box) where the store records it, and rings the best
+    trial in red where it lies in the outer 10% of its learning-rate or momentum range
+    (docs/methods.md, "Search-edge warnings"); those warnings are also listed on stderr."""
+    from batchlab.analysis.metaparameters import search_edge_warnings, searched_ranges, trial_outcomes
+    from batchlab.analysis.steps_to_result import steps_to_result_many
     from batchlab.plots.shallue import check_figure_path, lr_momentum_scatter_figure, save_figure
 
     check_figure_path(out)
-    selection = make_selection(workload, metric, goal, maximize, max_trials, step_budget, example_budget, status)
+    selection = make_selection(
+        workload, metric, goal, maximize, max_trials, step_budget, example_budget, status, studies, mix_studies
+    )
     con = connect_store(store)
     try:
         outcomes = trial_outcomes(con, selection)
+        results = steps_to_result_many(con, [selection])[0]
+        edges = search_edge_warnings(con, results)
+        ranges = searched_ranges(con, results)
     finally:
         con.close()
-    figure = lr_momentum_scatter_figure(outcomes, batch_sizes=batch_sizes or None, title=_title(selection))
+    figure = lr_momentum_scatter_figure(outcomes, batch_sizes=batch_sizes or None, title=_title(selection),
+                                        search_edges=edges, search_ranges=ranges,
+                                        caption=_caption(selection, results))
     print(save_figure(figure, out))
+    shown = set(batch_sizes) if batch_sizes else None
+    for warning in edges:
+        if shown is None or warning["batch_size"] in shown:
+            typer.echo(f"warning: {warning['message']}", err=True)
 
 
 @plot_app.command("best-measurement")
@@ -208,7 +275,9 @@ def best_measurement_plot(
     workload: str = WORKLOAD,
     metric: str = METRIC,
     maximize: bool = MAXIMIZE,
-    max_trials: int | None = MAX_TRIALS,
+    max_trials: str = MAX_TRIALS_RULE,
+    studies: list[str] = STUDY,
+    mix_studies: bool = MIX_STUDIES,
     step_budgets: list[int] = typer.Option(None, "--step-budget", min=1, help="A step budget; repeat for each line."),
     example_budgets: list[int] = typer.Option(None, "--example-budget", min=1, help="An example budget; repeat for each line."),
     status: list[str] = STATUS,
@@ -222,18 +291,20 @@ def best_measurement_plot(
     if bool(step_budgets) == bool(example_budgets):
         raise BatchlabError("give budgets of one kind: one or more --step-budget, or one or more --example-budget")
     kind, budgets = ("step", step_budgets) if step_budgets else ("example", example_budgets)
+    max_trials, studies = parse_max_trials(max_trials), parse_studies(studies)
     con = connect_store(store)
     try:
         sweep = best_measurement_by_budget(
-            con, workload, metric, budgets, kind=kind, maximize=maximize, max_trials=max_trials, statuses=tuple(status)
+            con, workload, metric, budgets, kind=kind, maximize=maximize, max_trials=max_trials,
+            statuses=tuple(status), studies=studies, mix_studies=mix_studies,
         )
     finally:
         con.close()
     print(save_figure(best_measurement_figure(sweep, metric, title=workload), out))
 
 
-def _curves(selections, labels, store: Path):
-    """One StepsCurve per selection, answered in one query."""
+def _curves(selections, labels, store: Path, with_results: bool = False):
+    """One StepsCurve per selection, answered in one query (and the per-batch-size results)."""
     from batchlab.analysis.steps_to_result import steps_curve, steps_to_result_many
 
     con = connect_store(store)
@@ -241,10 +312,19 @@ def _curves(selections, labels, store: Path):
         per_selection = steps_to_result_many(con, selections)
     finally:
         con.close()
-    return [
+    curves = [
         steps_curve(results, label=label, metadata=selection.describe())
         for results, label, selection in zip(per_selection, labels, selections)
     ]
+    return (curves, per_selection) if with_results else curves
+
+
+def _caption(selection, results) -> str | None:
+    """The line saying which trials a figure rests on (N used, statuses, studies, mixing)."""
+    from batchlab.cli import analyze
+
+    caption = getattr(analyze, "trials_caption", None)
+    return None if caption is None else caption(selection, results)
 
 
 def _fits(curves):
@@ -258,6 +338,25 @@ def _fits(curves):
         except BatchlabError:
             fits.append(None)
     return fits
+
+
+def _curve_warnings(curve, tolerance: float) -> list[str]:
+    """What the drawn fit and regimes rest on, in words (two-point fits, extrapolated B_crit, regimes
+    the data do not show); empty when the curve cannot be fitted."""
+    from batchlab.analysis.critical_batch_size import summarize_curve
+
+    try:
+        return [str(w) for w in summarize_curve(curve, tolerance).get("warnings", [])]
+    except BatchlabError:
+        return []
+
+
+def _interval(bounds) -> tuple:
+    """A ``steps_interval`` as ``(low, high)``; ``(None, None)`` when absent."""
+    if not bounds:
+        return (None, None)
+    low, high = bounds
+    return (low, high)
 
 
 def _one_or_each(flag: str, values: list, count: int) -> list:

@@ -21,16 +21,60 @@ def _print_json(obj: dict) -> None:
     print(json.dumps(obj, sort_keys=False))
 
 
+def _fmt_stop(rule) -> str:
+    if not rule:
+        return "none"
+    return f"{rule['metric']} {'>=' if rule['maximize'] else '<='} {rule['goal']:g}"
+
+
+def _fmt_evaluation(evaluation) -> str:
+    if not evaluation:
+        return "unknown"
+    rule = evaluation.get("rule", "?")
+    if rule == "geometric" and "resolution" in evaluation:
+        return f"geometric r={evaluation['resolution']:g}"
+    if rule == "steps" and isinstance(evaluation.get("steps"), list):
+        return f"steps ({len(evaluation['steps'])})"
+    return str(rule)
+
+
+def _print_studies(studies: list[dict]) -> None:
+    """The study definitions, grouped by workload and batch size, one line per study."""
+    print(f"study definitions ({len(studies)}): id, source, budget (steps), train examples, stop rule, "
+          "evaluation, trials by status")
+    last_workload = None
+    for s in studies:
+        if s["workload"] != last_workload:
+            print(f"  {s['workload']}")
+            last_workload = s["workload"]
+        n_defs = s["definitions_at_batch_size"]
+        mark = f"  [{n_defs} definitions at this batch size]" if n_defs > 1 else ""
+        counts = ", ".join(f"{k} {v}" for k, v in s["statuses"].items() if v) or "none"
+        examples = "all" if s["train_examples"] is None else str(s["train_examples"])
+        budget = "?" if s["train_steps"] is None else str(s["train_steps"])
+        if s["stop_rule"] is None and s["early_stopping"]:
+            stop = "early stopping (rule not recorded)"
+        else:
+            stop = _fmt_stop(s["stop_rule"])
+        print(f"    B={s['batch_size']:<7} {s['study_id']}  source {s['source']}  budget {budget}  "
+              f"examples {examples}  stop {stop}  evaluation {_fmt_evaluation(s['evaluation'])}  "
+              f"trials {s['n_trials']} ({counts}){mark}")
+
+
 @store_app.command("info")
 def info(
     store: Path = STORE_OPTION,
+    workload: str = typer.Option(None, "--workload", help="List only this workload's study definitions."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Counts of workloads, studies, trials by status and measurements."""
+    """Counts of workloads, studies, trials by status and measurements, and every study definition
+    per workload and batch size (id, source, budget, train examples, stop rule, evaluation, trials by
+    status). Trials run under different definitions at one workload and batch size are separate
+    studies (docs/methods.md, "Study definitions and ids")."""
     from batchlab.store import Store
     from batchlab.store.maintenance import store_info
 
-    result = store_info(Store.open(store))
+    result = store_info(Store.open(store), workload=workload)
     if as_json:
         _print_json(result)
         return
@@ -42,6 +86,7 @@ def info(
     print(f"measurements  {result['measurements']}")
     print("files         " + ", ".join(f"{k} {v}" for k, v in result["files"].items()))
     print(f"pending       {result['pending_trials']} trial(s) being written or abandoned")
+    _print_studies(result["study_definitions"])
 
 
 @store_app.command("compact")
@@ -102,13 +147,56 @@ def import_batch_science(
               f"{report.trials_already_present} already present; {len(report.skipped)} skipped")
 
 
+@import_app.command("table")
+def import_table(
+    path: Path = typer.Argument(..., help="CSV (.csv, .csv.gz) or Parquet (.parquet, .pq) file, long format."),
+    store: Path = STORE_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Import long-format measurements from any trainer: one row per trial and evaluation step.
+
+    Columns: workload (dataset/model/optimizer), batch_size (>= 1), trial_id (>= 0, unique per
+    workload and batch size), step (updates before the evaluation); one column per metric, named
+    split/metric (e.g. val/classification_error; an empty cell = not evaluated). Optional, constant
+    within a trial: status (COMPLETE, INCOMPLETE, INFEASIBLE, STOPPED_AT_GOAL; default COMPLETE),
+    steps (updates run; default the last step), seed; parameters as param:<name> columns (e.g.
+    param:learning_rate). Optional, constant within a workload and batch size: train_steps (the
+    budget), train_examples. Any other column is an error. Atomic: a malformed file prints one
+    error line and writes nothing. Each workload and batch size becomes a study with source
+    "table import:<file name>"; importing the same file again adds nothing (docs/methods.md,
+    "Table import")."""
+    from batchlab.store import Store
+    from batchlab.store.table_import import import_table as run_import
+
+    existed = store.exists()
+    target = Store.open(store, create=True)
+    try:
+        report = run_import(target, path).as_dict()
+    except Exception:
+        if not existed and target.state().seq == 0:
+            shutil.rmtree(store, ignore_errors=True)  # a failed import leaves no new, empty store behind
+        raise
+    if as_json:
+        _print_json(report)
+    else:
+        print(f"imported {report['trials_added']} trials ({report['measurements_added']} measurements, "
+              f"metrics {', '.join(report['metrics'])}) in {report['studies']} studies from {path}; "
+              f"{report['trials_already_present']} already present")
+
+
 @export_app.command("batch-science")
 def export_batch_science(
     store: Path = STORE_OPTION,
     out: Path = typer.Option(..., "--out", help="Directory to write (must not exist or be empty)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Write the store in the batch_science release layout."""
+    """Write the store in the batch_science release layout.
+
+    The release knows only COMPLETE, INCOMPLETE and INFEASIBLE: a STOPPED_AT_GOAL trial is written
+    as COMPLETE with steps = the updates it ran and batchlab_status STOPPED_AT_GOAL in its
+    metadata.json, in a study.json with early_stopping true (the release's own convention for
+    early-stopped studies). Several study definitions at one batch size share its directory and are
+    listed under batchlab_studies in study.json (docs/methods.md, "Trial statuses")."""
     from batchlab.store import Store
     from batchlab.store.batch_science_export import export_batch_science as run_export
 
@@ -118,6 +206,13 @@ def export_batch_science(
     else:
         print(f"exported {report['studies']} studies, {report['trials']} trials, "
               f"{report['measurements']} measurements to {out}")
+        if report["stopped_at_goal"]:
+            print(f"{report['stopped_at_goal']} STOPPED_AT_GOAL trial(s) written as status COMPLETE with "
+                  "steps = updates run (metadata.json batchlab_status STOPPED_AT_GOAL; study.json "
+                  "early_stopping true), the release's convention for early-stopped trials")
+        if report["merged_batch_sizes"]:
+            print(f"{report['merged_batch_sizes']} batch size(s) hold several study definitions: their "
+                  "trials share one directory and study.json lists them under batchlab_studies")
 
 
 def register(app: typer.Typer) -> None:

@@ -3,6 +3,9 @@
 ``batchlab sweep WORKLOAD --optimizer sgd,momentum --batch-sizes 16,64,256 --trials 8 --store DIR`` or
 ``batchlab sweep --config sweep.toml`` (options given on the command line override the file).
 Everything is validated before any trial runs; a bad value is one ``error: ...`` line, exit 2.
+Each batch size gets its own step budget (``--steps`` for a fixed one; by default an example budget
+with a floor of steps, ``--budget-epochs``/``--min-steps``/``--max-steps``), and the table reports
+only this sweep's own trials (docs/methods.md, "Sweeps").
 """
 
 from __future__ import annotations
@@ -37,7 +40,21 @@ def register(app: typer.Typer) -> None:
         batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", help="Comma-separated batch sizes."),
         trials: Optional[int] = typer.Option(None, "--trials", help="Trials (search-space points) per study."),
         store: Optional[str] = typer.Option(None, "--store", help="Store directory (created if missing)."),
-        steps: Optional[int] = typer.Option(None, "--steps", help="Step budget per study (default: the workload's)."),
+        steps: Optional[int] = typer.Option(None, "--steps", help="A fixed step budget at every batch size. Default: "
+                                            "each batch size B gets max(default_steps, ceil(default_steps x "
+                                            "default_batch_size / B)) of the workload (docs/methods.md, \"Sweeps\")."),
+        budget_epochs: Optional[float] = typer.Option(
+            None, "--budget-epochs", help="An epoch budget: steps(B) = max(--min-steps, ceil(E x training examples / "
+            "B)), capped by --max-steps."),
+        min_steps: Optional[int] = typer.Option(None, "--min-steps", help="Floor of the budget rule at large batch "
+                                                "sizes (default: the workload's default_steps)."),
+        max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Cap of the budget rule (default: none)."),
+        resolution: Optional[float] = typer.Option(None, "--resolution", help="Relative spacing of the goal "
+                                                   "metric's evaluations, in (0, 1) (default 0.05)."),
+        evaluations: Optional[int] = typer.Option(None, "--evaluations", help="Regular evaluations of every metric "
+                                                  "per trial (default: the workload's)."),
+        schedule: Optional[str] = typer.Option(None, "--schedule", help="Learning-rate schedule of the default search "
+                                               "spaces: constant or linear (decay over [T/2, T] of each budget T)."),
         train_examples: Optional[int] = typer.Option(None, "--train-examples", help="Train on N examples."),
         workers: Optional[int] = typer.Option(None, "--workers", help="Worker processes (default: cores)."),
         scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Existing Dask scheduler tcp://HOST:PORT."),
@@ -48,7 +65,8 @@ def register(app: typer.Typer) -> None:
         vectorize: Optional[bool] = typer.Option(None, "--vectorize/--no-vectorize",
                                                  help="Force or forbid vectorized trials (default: automatic)."),
         grow_budget: Optional[bool] = typer.Option(None, "--grow-budget/--no-grow-budget",
-                                                   help="Raise the budget of studies whose trials all ran out of steps."),
+                                                   help="Grow the budget (and stretch decay and warmup steps) of "
+                                                   "studies whose trials all ran out of steps."),
         goal: Optional[float] = typer.Option(None, "--goal", help="Goal of the steps-to-result table (default: the "
                                              "workload's); trials still stop at the workload's goal."),
         json_lines: bool = typer.Option(False, "--json", help="JSON lines on stdout instead of progress and tables."),
@@ -62,6 +80,8 @@ def register(app: typer.Typer) -> None:
             "optimizers": _csv(optimizer, "optimizer"),
             "batch_sizes": _csv(batch_sizes, "batch-sizes", int),
             "trials": trials, "store": store, "steps": steps, "train_examples": train_examples,
+            "budget_epochs": budget_epochs, "min_steps": min_steps, "max_steps": max_steps,
+            "resolution": resolution, "evaluations": evaluations, "schedule": schedule,
             "workers": workers, "scheduler": scheduler, "seed": seed, "stop_at_goal": stop_at_goal,
             "grow_budget": grow_budget, "goal": goal,
             "executor": "dask" if dask else None,

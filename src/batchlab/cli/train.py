@@ -151,7 +151,9 @@ def register(app: typer.Typer) -> None:
         eval_every: Annotated[Optional[int], typer.Option("--eval-every", help="Evaluate every N steps instead of the workload's schedule.")] = None,
         eval_budget: Annotated[Optional[float], typer.Option("--eval-budget", help="Keep evaluation within this fraction F of training, counted in examples (e.g. 0.1): thins the schedule and evaluation subsets (batchlab.train.evaluation.budgeted_plan).")] = None,
         train_eval_examples: Annotated[Optional[int], typer.Option("--train-eval-examples", help="Measure train/* metrics on a fixed subset of at most N training examples.")] = None,
-        json_output: Annotated[bool, typer.Option("--json", help="One JSON object per evaluation, then a summary object.")] = False,
+        resolution: Annotated[float, typer.Option("--resolution", help="Relative spacing R of the goal-metric evaluations, in (0, 1): consecutive evaluation steps within a factor 1+R, every step while 1/R is larger; steps to the goal are read to within that (docs/methods.md, 'Evaluation schedule and resolution').")] = 0.05,
+        refine: Annotated[str, typer.Option("--refine", help="How the goal metric is measured at the resolution steps: replay (default: only in the bracket where the goal is first met, by retraining a copy kept at the previous full evaluation) or dense (at every resolution step as the trial runs).")] = "replay",
+        json_output: Annotated[bool, typer.Option("--json", help="One JSON object per evaluation, then a summary object (status, steps_to_goal and steps_lower: the goal was first met in (steps_lower, steps_to_goal]).")] = False,
     ) -> None:
         """Run one trial: print each evaluation, then the status and steps to the goal."""
         from batchlab.train import TrialSpec, prepare_trial, run_prepared
@@ -174,7 +176,7 @@ def register(app: typer.Typer) -> None:
             workload=workload, optimizer=optimizer, batch_size=batch_size, hyperparameters=hyperparameters,
             steps=budget, train_examples=train_examples, seed=seed, data_seed=seed, stop_at_goal=stop_at_goal,
             evaluation_steps=None if eval_every is None else every_n_steps(budget, eval_every),
-            eval_budget=eval_budget, train_eval_examples=train_eval_examples,
+            eval_budget=eval_budget, train_eval_examples=train_eval_examples, resolution=resolution, refine=refine,
         )
         prepared = prepare_trial(spec)  # validates everything before the store is touched
         opened = None
@@ -197,7 +199,8 @@ def register(app: typer.Typer) -> None:
                 result = run_prepared(prepared, store=opened, on_measurement=show)
             _print_measurements(rows, title=f"{result.workload}, batch size {batch_size}")
         summary = {
-            "status": result.status, "steps_to_goal": result.steps_to_goal, "steps": result.steps,
+            "status": result.status, "steps_to_goal": result.steps_to_goal, "steps_lower": result.steps_lower,
+            "resolution": result.resolution, "steps": result.steps,
             "wall_time_s": round(result.wall_time_s, 3), "workload": result.workload,
             "batch_size": result.batch_size, "trial_id": result.trial_id, "parameters": result.parameters,
             "seed": result.seed, "metric": result.metric, "goal": result.goal,
@@ -205,7 +208,8 @@ def register(app: typer.Typer) -> None:
         if json_output:
             _emit(summary)
         else:
-            reached = "not reached" if result.steps_to_goal is None else f"reached at step {result.steps_to_goal}"
+            reached = "not reached" if result.steps_to_goal is None else (
+                f"reached at step {result.steps_to_goal} (first met in ({result.steps_lower}, {result.steps_to_goal}])")
             _console().print(
                 f"{result.status}: {result.steps} steps in {result.wall_time_s:.1f} s; goal "
                 f"{result.metric} {'>' if result.maximize else '<'} {result.goal:g} {reached}"
@@ -225,6 +229,8 @@ def register(app: typer.Typer) -> None:
         stop_at_goal: Annotated[bool, typer.Option("--stop-at-goal", help="Stop each trial once it beats the goal.")] = False,
         eval_budget: Annotated[Optional[float], typer.Option("--eval-budget", help="Keep evaluation within this fraction F of training, counted in examples (e.g. 0.1): thins the schedule and evaluation subsets (batchlab.train.evaluation.budgeted_plan).")] = None,
         train_eval_examples: Annotated[Optional[int], typer.Option("--train-eval-examples", help="Measure train/* metrics on a fixed subset of at most N training examples.")] = None,
+        resolution: Annotated[float, typer.Option("--resolution", help="Relative spacing R of the goal-metric evaluations, in (0, 1): consecutive evaluation steps within a factor 1+R, every step while 1/R is larger; steps to the goal are read to within that (docs/methods.md, 'Evaluation schedule and resolution').")] = 0.05,
+        refine: Annotated[str, typer.Option("--refine", help="How the goal metric is measured at the resolution steps: replay (default: only in the bracket where the goal is first met, by retraining a copy kept at the previous full evaluation) or dense (at every resolution step as the trial runs).")] = "replay",
         json_output: Annotated[bool, typer.Option("--json", help="One JSON object per trial, then the best trial.")] = False,
     ) -> None:
         """Run one study (one workload at one batch size) and print its best trial."""
@@ -232,12 +238,13 @@ def register(app: typer.Typer) -> None:
         from batchlab.train.study import check_study, run_study
 
         budget = check_study(workload, optimizer, batch_size, trials, steps, train_examples, seed, stop_at_goal,
-                             eval_budget, train_eval_examples)
+                             eval_budget, train_eval_examples, resolution, refine)
         opened = Store.open(store, create=True)
 
         def trial_row(t) -> dict:
             return {
                 "trial_id": t.trial_id, "status": t.status, "steps": t.steps, "steps_to_goal": t.steps_to_goal,
+                "steps_lower": t.steps_lower,
                 "final_metric": t.final_metric(), "parameters": t.parameters, "seed": t.seed,
                 "wall_time_s": round(t.wall_time_s, 3),
             }
@@ -246,14 +253,14 @@ def register(app: typer.Typer) -> None:
             result = run_study(workload, optimizer, batch_size, trials, opened, steps=budget,
                                train_examples=train_examples, seed=seed, stop_at_goal=stop_at_goal,
                                eval_budget=eval_budget, train_eval_examples=train_eval_examples,
-                               on_trial=lambda t: _emit(trial_row(t)))
+                               resolution=resolution, refine=refine, on_trial=lambda t: _emit(trial_row(t)))
         else:
             with _progress() as progress:
                 task = progress.add_task(f"study {workload} {optimizer} B={batch_size}", total=trials)
                 result = run_study(workload, optimizer, batch_size, trials, opened, steps=budget,
                                    train_examples=train_examples, seed=seed, stop_at_goal=stop_at_goal,
                                    eval_budget=eval_budget, train_eval_examples=train_eval_examples,
-                                   on_trial=lambda t: progress.advance(task))
+                                   resolution=resolution, refine=refine, on_trial=lambda t: progress.advance(task))
         best, best_final = result.best, result.best_final
         first = result.trials[0]
         summary = {
@@ -261,6 +268,7 @@ def register(app: typer.Typer) -> None:
             "metric": first.metric, "goal": first.goal, "reached_goal": best is not None,
             "best_trial": None if best is None else best.trial_id,
             "steps_to_goal": None if best is None else best.steps_to_goal,
+            "steps_lower": None if best is None else best.steps_lower,
             "parameters": None if best is None else best.parameters,
             "best_final_trial": None if best_final is None else best_final.trial_id,
             "best_final_metric": None if best_final is None else best_final.final_metric(),
@@ -272,7 +280,8 @@ def register(app: typer.Typer) -> None:
         console = _console()
         if best is not None:
             params = ", ".join(f"{k}={_format(v)}" for k, v in best.parameters.items())
-            console.print(f"best trial: {best.trial_id}, {best.steps_to_goal} steps to "
+            console.print(f"best trial: {best.trial_id}, {best.steps_to_goal} steps (first met in "
+                          f"({best.steps_lower}, {best.steps_to_goal}]) to "
                           f"{first.metric} {'>' if first.maximize else '<'} {first.goal:g} ({params})")
         else:
             line = f"no trial reached {first.metric} {'>' if first.maximize else '<'} {first.goal:g}"

@@ -7,7 +7,7 @@ Per eigen-direction every algorithm is a linear stochastic update of a small sta
 
 composed optax-style: a base update (``sgd``, ``momentum``, ``nesterov``) and an ``ema`` wrapper that adds
 one state component. Preconditioning ``P^-1 = H^-p`` enters through ``z = lr h^(1-p)`` (curvature step) and
-``a = lr h^-p`` (noise gain), science.md 2.2-2.5.
+``a = lr h^-p`` (noise gain), docs/methods.md, "Algorithms, exactly".
 
 The second moments ``S = E[w w^T]`` evolve affinely, ``S' = A S A^T + (c / B) b b^T``. On the vector ``u`` of
 the ``m = n (n + 1) / 2`` distinct entries of ``S`` this is ``u' = T u + g / B`` with ``g = c b b^T``. Powers

@@ -3,7 +3,7 @@
 A :class:`Problem` is diagonal. Each entry ``j`` stands for ``counts[j]`` identical directions (one for an
 exact spectrum, many for a binned one) with curvature ``h_j``, per-example noise variance ``c_j`` (a batch
 of ``B`` examples has gradient-noise variance ``c_j / B``) and initial second moment ``s0_j = E[x_j(0)^2]``.
-The expected loss is ``1/2 sum_j counts_j h_j E[x_j^2]`` (science.md 2.1).
+The expected loss is ``1/2 sum_j counts_j h_j E[x_j^2]`` (docs/methods.md, "The model").
 
 Presets:
 
@@ -104,7 +104,7 @@ def zhang2019(dimension: int = 10_000) -> Problem:
 
 
 def zhang2019_binned(dimension: int = 10_000, bins: int = 100) -> Problem:
-    """The official notebook's binned NQM (science.md 2.1): ``1/i`` rounded down onto ``geomspace(1, 1e-4, bins)``."""
+    """The official notebook's binned NQM (docs/methods.md, "The model"): ``1/i`` rounded down onto ``geomspace(1, 1e-4, bins)``."""
     _check_dimension(dimension)
     values = np.geomspace(1.0, 1e-4, bins)
     h = 1.0 / np.arange(1, dimension + 1)
@@ -198,7 +198,7 @@ def preset(name: str) -> Problem:
 
 
 def information_lower_bound(problem: Problem, target: float, batch_size) -> np.ndarray:
-    """Information-theoretic lower bound on steps, ``D / (2 C B)`` (science.md 2.1; uses D, not bins)."""
+    """Information-theoretic lower bound on steps, ``D / (2 C B)`` (docs/methods.md, "The model"; uses D, not bins)."""
     return problem.dimension / (2.0 * float(target) * np.asarray(batch_size, dtype=float))
 
 

@@ -10,7 +10,7 @@ What is exact and what is not:
   longer decay is represented by ``max_segments`` equal-length constant pieces at the factor of each
   piece's midpoint step. The dynamics of that piecewise schedule are still exact; the schedule itself is
   then the stated approximation (``Segment`` lists say which).
-* The optimised PWC schedule (:func:`optimal_pwc_sgd`) follows the official protocol (science.md 2.6):
+* The optimised PWC schedule (:func:`optimal_pwc_sgd`) follows the official protocol (docs/methods.md, "Learning-rate schedules"):
   ``K`` pieces of equal length ``k``, ``log lr`` optimised with L-BFGS-B (analytic adjoint gradient) for
   the loss after ``K k`` steps, outer binary search on ``k``. The optimiser is local, so its steps are an
   upper bound on the best PWC schedule. Only plain SGD (any p) is supported.
@@ -225,7 +225,7 @@ def optimal_pwc_sgd(
     upper_k: int | None = None,
     max_piece_length: int = 10**8,
 ) -> PWCResult:
-    """Smallest piece length ``k`` whose optimised K-piece schedule ends below ``target`` (science.md 2.6).
+    """Smallest piece length ``k`` whose optimised K-piece schedule ends below ``target`` (docs/methods.md, "Learning-rate schedules").
 
     The search keeps ``loss(low) >= target`` and ``loss(high) < target``. ``upper_k`` (e.g. from the
     constant-LR result, which a PWC schedule can imitate) narrows the bracket when it is feasible; the

@@ -4,11 +4,11 @@ Conventions:
 
 * ``steps`` = the first-passage count, the smallest number of updates ``t`` with ``L(t) < target``
   (``L(0)`` is the initial loss, so a target must lie below it).
-* ``official_low`` = ``steps - 1``: the official notebook's ``low`` convention (science.md 2.7); SGD there
+* ``official_low`` = ``steps - 1``: the official notebook's ``low`` convention (docs/methods.md, "Tuning per batch size"); SGD there
   also clamps to ``>= 1``, which :func:`official_low` applies when asked.
 * A target not reached within ``max_steps`` updates gives ``reached=False, steps=None``.
 
-Method (science.md 2.8). A *candidate* is found for every grid point and batch size at once by binary
+Method (docs/methods.md, "Steps to target"). A *candidate* is found for every grid point and batch size at once by binary
 lifting over the powers ``T^(2^j)`` (top bit first: advance by ``2^j`` while the loss there is still
 ``>= target``). When the loss is monotone the candidate is the first passage. It is then *certified*:
 

@@ -1,6 +1,6 @@
 """Tuning per batch size: minimise steps to target over the learning rate (and momentum, EMA decay).
 
-Grids (science.md 2.7):
+Grids (docs/methods.md, "Tuning per batch size"):
 
 * ``official``: exactly the notebook's grids. SGD: ``lr in logspace(-5, 0.5, 100)``; momentum, Nesterov
   and EMA: ``lr in logspace(-8, 1, 100)`` x ``{1 - 10^(-5 + 5 j / 19) : j = 0..19}``. Ties go to the first

@@ -1,6 +1,6 @@
 """A training algorithm: optimizer + learning-rate schedule + optional weight EMA, one ``step`` per update.
 
-Update rules (science.md 3.3, the release's TF1 ``MomentumOptimizer`` convention), all from torch.optim
+Update rules (docs/methods.md, "Optimizers, schedules and search spaces", the release's TF1 ``MomentumOptimizer`` convention), all from torch.optim
 unless noted; ``g`` is the minibatch gradient (plus ``weight_decay * theta`` when set, L2 style):
 
 * ``sgd``: ``theta <- theta - eta g`` (``torch.optim.SGD``).

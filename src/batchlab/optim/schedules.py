@@ -4,7 +4,7 @@ Steps count updates: the multiplier for step ``t`` is the one applied by update 
 (``t`` updates already taken).
 
 * constant: 1.
-* linear decay (Shallue et al., science.md 3.3): ``1 - (1 - alpha) min(t, T) / T`` with
+* linear decay (Shallue et al., docs/methods.md, "Optimizers, schedules and search spaces"): ``1 - (1 - alpha) min(t, T) / T`` with
   ``T = learning_rate_decay_steps`` and ``alpha = end_learning_rate_factor``, i.e.
   ``eta_t = eta_0 - (1 - alpha) eta_0 min(t, T) / T``: eta_0 at t = 0, alpha eta_0 from t = T on.
 * linear warmup over ``W = warmup_steps`` updates multiplies the above by ``min(1, (t + 1) / W)``,

@@ -72,7 +72,8 @@ def steps_curves(data: dict) -> list[StepsCurve]:
 
 
 def critical_batch_size_table(data: dict) -> list[dict]:
-    """``summarize_curve`` of every curve (label, fit, named critical batch sizes)."""
+    """``summarize_curve`` of every curve (label, fit, named critical batch sizes, data-read regimes, the
+    batch sizes and B0 each rests on; docs/methods.md)."""
     return [summarize_curve(c) for c in steps_curves(data)]
 
 
@@ -210,12 +211,18 @@ def write_nqm_figures(data: dict, out_dir: str | Path, only=None) -> dict[str, P
             ax.plot(b, s, "o", ms=3, label="exact NQM")
             title = curve.label
             try:
+                summary = summarize_curve(curve)
                 fit = fit_steps_curve(curve)
                 grid = np.geomspace(b.min(), b.max(), 100)
                 ax.plot(grid, fit.predicted_steps(grid), "-", label="S_min (1 + B_crit/B)")
                 if np.isfinite(fit.b_crit) and fit.b_crit > 0:
-                    ax.axvline(fit.b_crit, color="red", ls="--", lw=1, label="B_crit")
-                    title = f"{curve.label}: B_crit={fit.b_crit:.3g}"
+                    ax.axvline(fit.b_crit, color="red", ls="--", lw=1, label="B_crit (fit)")
+                    title = f"{curve.label}: B_crit={fit.b_crit:.3g}" + (" (extrapolated)" if fit.extrapolated else "")
+                named = summary["critical_batch_sizes"]
+                for key, style, text in (("perfect_scaling_end", ":", "perfect scaling ends (data)"),
+                                         ("maximal_parallelism_start", "-.", "max. parallelism starts (data)")):
+                    if named[key]["value"] is not None:
+                        ax.axvline(named[key]["value"], color="gray", ls=style, lw=1, label=text)
             except ValueError:
                 pass
             logscale(ax)

@@ -1,14 +1,18 @@
 """The figure types of Shallue et al. (2018), one function each; every one returns a matplotlib Figure.
 
-* :func:`steps_to_result_figure`: steps to result against batch size on log2 axes, with the
-  perfect-scaling line ``S(B0) * B0 / B`` from each curve's smallest reached batch size and, when
-  given, the fitted ``S(B) = S_min + E_min / B``. Unreached (censored) batch sizes are marked with
-  ``x`` along the top edge.
+* :func:`steps_to_result_figure`: steps to result against batch size on log2 axes, with each reached
+  point's resolution bracket ``(steps_lower, steps]`` as an error bar below it, the perfect-scaling
+  line ``S(B0) * B0 / B`` from each curve's smallest reached batch size ``B0``, and, when given, the
+  fitted ``S(B) = S_min + E_min / B`` (dashed, labelled as a fit). Unreached (censored) batch sizes are
+  drawn at their censoring bound with an upward arrow (the steps exceed it), never as if reached; with
+  no known bound, an ``x`` along the top edge. With one curve, the regimes read from the data
+  (perfect scaling, maximal data parallelism; docs/methods.md, "Regimes read from the data") are shaded.
 * :func:`compare_workloads_figure`: several curves normalised to compare workloads (each divided by
   its steps at a reference batch size).
 * :func:`goals_figure`: several goals on one workload.
 * :func:`metaparameters_figure`: the best trial's learning rate, 1 - momentum and effective learning
-  rate against batch size, with the linear and square-root heuristics anchored at the smallest batch size.
+  rate against batch size, with the linear and square-root heuristics anchored at the smallest batch
+  size; points whose best trial lies at the edge of its searched range are ringed in red.
 * :func:`lr_momentum_scatter_figure`: every trial in the (learning rate, 1 - momentum) plane, marked
   goal reached / not reached / diverged, with contours of log10 of the effective learning rate.
 * :func:`best_measurement_figure`: the best measurement against batch size, one line per budget.
@@ -26,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 from matplotlib.ticker import LogLocator
 
 from batchlab.analysis.critical_batch_size import ScalingFit
@@ -76,51 +81,82 @@ def steps_to_result_figure(
     title: str | None = None,
     ylabel: str | None = None,
     intervals: Sequence[Sequence[tuple[float | None, float | None]] | None] | None = None,
+    brackets: bool = True,
+    regimes: bool | None = None,
+    tolerance: float = 0.1,
+    interval_label: str = "interval",
+    caption: str | None = None,
 ) -> Figure:
     """Steps to result against batch size on log2 axes (see the module docstring).
 
     Args:
         curves: one or more curves; each gets its own colour.
-        fits: optional fit per curve (``None`` entries are skipped), drawn dashed.
+        fits: optional fit per curve (``None`` entries are skipped), drawn dashed over the measured
+            batch-size range and labelled as a fit.
         normalize: divide each curve by its steps at ``reference_batch_size`` (default: the curve's
             smallest reached batch size), so curves of different workloads share one scale.
-        reference_batch_size: the batch size to normalise at; every curve must have reached it.
+        reference_batch_size: the batch size to normalise at (and ``B0`` of the perfect-scaling
+            line); every curve must have reached it.
         perfect_scaling: draw ``S(B0) * B0 / B`` from each curve's reference point, dotted.
         intervals: optional per curve, one ``(low, high)`` per batch size of the curve (e.g. the
-            bootstrap ``steps_interval``); drawn as error bars on reached points where both are finite.
+            ``steps_interval`` of :func:`batchlab.analysis.bootstrap.critical_batch_size_with_intervals`);
+            drawn as thin capped error bars just right of reached points where ``high`` is finite;
+            ``low = None`` is a one-sided interval (an upper bound), drawn from the point up.
+        brackets: draw each reached point's resolution bracket ``(steps_lower, steps]`` (the
+            evaluation before the reaching one, and the reaching one) as an error bar below it, from
+            the curve's ``steps_lower``; curves without brackets (exact first passage) draw none.
+        regimes: shade the regimes read from the data (perfect scaling up to ``perfect_scaling_end``,
+            maximal data parallelism from ``maximal_parallelism_start``; a regime the data do not show
+            is not shaded). Default: when there is exactly one curve.
+        tolerance: the regimes' tolerance, in (0, 1).
+        interval_label: the legend text of the intervals (say what they are for).
+        caption: a line saying which trials the curves rest on, shown above the legend.
     """
     if not curves:
         raise BatchlabError("nothing to plot: give at least one steps-to-result curve")
+    if not 0 < tolerance < 1:
+        raise BatchlabError(f"tolerance must be in (0, 1), got {tolerance}")
     fits = list(fits) if fits is not None else [None] * len(curves)
     intervals = list(intervals) if intervals is not None else [None] * len(curves)
+    shade = (len(curves) == 1) if regimes is None else bool(regimes)
     fig = Figure(figsize=(6.4, 4.8))
     ax = fig.add_subplot()
     colors = _colors(len(curves))
-    any_unreached = False
+    drawn: set[str] = set()
     lowest = np.inf
+    b0_values = []
     for curve, fit, bounds, color in zip(curves, fits, intervals, colors):
         b, s = curve.reached_arrays()
         if b.size == 0:
             raise BatchlabError(f"curve {curve.label!r}: no batch size reached the goal; nothing to plot")
         b0, s0 = _reference_point(curve, b, s, reference_batch_size)
+        b0_values.append(b0)
         scale = s0 if normalize else 1.0
         lowest = min(lowest, float(s.min()) / scale)
-        ax.plot(b, s / scale, "o-", color=color, label=curve.label or None, zorder=3)
-        if bounds is not None:
-            _error_bars(ax, curve, bounds, scale, color)
+        line = ax.plot(b, s / scale, "o-", color=color, label=curve.label or None, zorder=3)[0]
+        line.set_gid("data")
+        if brackets and _bracket_bars(ax, curve, scale, color):
+            drawn.add("bracket")
+            lower = [lo for lo in _aligned(curve, "steps_lower") if lo is not None and lo > 0]
+            if lower:
+                lowest = min(lowest, min(lower) / scale)
+        if bounds is not None and _error_bars(ax, curve, bounds, scale, color, shift="bracket" in drawn):
+            drawn.add("interval")
         if perfect_scaling:
-            grid = np.array([min(b.min(), b0), b.max()])
-            ax.plot(grid, s0 * b0 / grid / scale, ":", color=color, alpha=0.8, lw=1.2)
+            grid = np.array([min(b.min(), b0), max(curve.batch_sizes)])
+            ideal = ax.plot(grid, s0 * b0 / grid / scale, ":", color=color, alpha=0.8, lw=1.2)[0]
+            ideal.set_gid("perfect_scaling")
         if fit is not None:
-            grid = np.geomspace(b.min(), b.max(), 200)
-            ax.plot(grid, fit.predicted_steps(grid) / scale, "--", color=color, alpha=0.7, lw=1.2)
-        unreached = [bs for bs, st in zip(curve.batch_sizes, curve.steps) if st is None]
-        if unreached:
-            any_unreached = True
-            ax.plot(
-                unreached, [0.97] * len(unreached), "x", color=color, ms=8, mew=2,
-                transform=ax.get_xaxis_transform(), clip_on=False, zorder=4,
-            )
+            grid = np.geomspace(min(curve.batch_sizes), max(curve.batch_sizes), 200)
+            fitted = ax.plot(grid, fit.predicted_steps(grid) / scale, "--", color=color, alpha=0.7, lw=1.2)[0]
+            fitted.set_gid("fit")
+        drawn |= _censored_marks(ax, curve, scale, color)
+        bounds_at = [c for b_, s_, c in zip(curve.batch_sizes, curve.steps, _aligned(curve, "censored_at"))
+                     if s_ is None and c is not None and c > 0]
+        if bounds_at:  # keep every censoring bound in view
+            lowest = min(lowest, min(bounds_at) / scale)
+        if shade:
+            drawn |= _shade_regimes(ax, curve, tolerance, b)
     _log2_x(ax)
     ax.set_yscale("log", base=2)
     # Keep the data readable: the perfect-scaling lines may run far below the lowest point.
@@ -129,18 +165,40 @@ def steps_to_result_figure(
     ax.set_ylabel(ylabel or ("steps to result / steps at reference batch size" if normalize else "steps to result"))
     handles, labels = ax.get_legend_handles_labels()
     proxies = []
+    if "bracket" in drawn:
+        proxies.append(ax.errorbar([], [], yerr=[[], []], fmt="none", ecolor="0.3", elinewidth=1.2, capsize=3,
+                                   label="resolution bracket (previous, reaching evaluation]"))
+    if "interval" in drawn:
+        proxies.append(ax.errorbar([], [], yerr=[[], []], fmt="none", ecolor="0.3", elinewidth=0.9, capsize=2,
+                                   alpha=0.7, label=interval_label))
     if perfect_scaling:
-        proxies.append(ax.plot([], [], ":", color="0.3", label="perfect scaling")[0])
+        where = f" from B0 = {b0_values[0]:g}" if len(set(b0_values)) == 1 else " from each curve's B0"
+        proxies.append(ax.plot([], [], ":", color="0.3", label="perfect scaling" + where)[0])
     if any(f is not None for f in fits):
-        proxies.append(ax.plot([], [], "--", color="0.3", label=r"fit $S_{min} + E_{min}/B$")[0])
-    if any_unreached:
-        proxies.append(ax.plot([], [], "x", color="0.3", mew=2, label="goal not reached")[0])
-    ax.legend(handles + proxies, labels + [p.get_label() for p in proxies], fontsize=8,
-              loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
+        proxies.append(ax.plot([], [], "--", color="0.3", label=r"fit $S_{min} + E_{min}/B$ (fitted, not measured)")[0])
+    if "censored" in drawn:
+        proxies.append(ax.plot([], [], marker=r"$\uparrow$", ls="none", color="0.3", ms=10,
+                               label="not reached: steps > bound (censored)")[0])
+    if "unbounded" in drawn:
+        proxies.append(ax.plot([], [], "x", color="0.3", mew=2, label="not reached (no bound known)")[0])
+    for name, (color, text) in _REGIME_STYLE.items():
+        if name in drawn:
+            proxies.append(Patch(facecolor=color, alpha=0.12, lw=0, label=text))
+    legend = ax.legend(handles + proxies, labels + [p.get_label() for p in proxies], fontsize=8,
+                       loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False,
+                       title=_wrap(caption, 110), title_fontsize=7)
+    legend.set_gid("legend")
     ax.grid(True, which="major", alpha=0.3)
     if title:
         ax.set_title(title, fontsize=10)
     return fig
+
+
+_REGIME_STYLE = {
+    "perfect_scaling": ("tab:green", "perfect scaling (read from data)"),
+    "perfect_scaling_beyond": ("tab:green", "perfect scaling (read from data; its end lies beyond the measured range)"),
+    "maximal_parallelism": ("tab:purple", "maximal data parallelism (read from data)"),
+}
 
 
 def compare_workloads_figure(
@@ -160,13 +218,17 @@ def goals_figure(curves: Sequence[StepsCurve], fits: Sequence[ScalingFit | None]
     return steps_to_result_figure(curves, fits=fits, title=title)
 
 
-def metaparameters_figure(optimal, title: str | None = None) -> Figure:
+def metaparameters_figure(optimal, title: str | None = None, caption: str | None = None) -> Figure:
     """The best trial's metaparameters against batch size with the heuristic lines.
 
     ``optimal`` is an :class:`~batchlab.analysis.metaparameters.OptimalMetaparameters`. Panels: the
     learning rate and the effective learning rate (each with the linear ``y0 B/B0`` and square-root
     ``y0 sqrt(B/B0)`` heuristics anchored at the smallest batch size), and ``1 - momentum`` when the
-    optimizer has momentum (no heuristic is defined for it).
+    optimizer has momentum (no heuristic is defined for it). Points whose best trial lies at the edge
+    of its searched range (``optimal.search_edges``, see
+    :func:`~batchlab.analysis.metaparameters.search_edge_warnings`) are ringed in red and labelled
+    with the edge ("low"/"high" of the searched parameter); the effective learning rate is ringed when
+    either the learning rate or the momentum is at an edge.
     """
     if len(optimal.batch_sizes) == 0:
         raise BatchlabError("no batch size reached the goal: there are no optimal metaparameters to plot")
@@ -175,19 +237,25 @@ def metaparameters_figure(optimal, title: str | None = None) -> Figure:
     panels = ["learning_rate"]
     if optimal.has("momentum"):
         panels += ["one_minus_momentum", "effective_learning_rate"]
-    fig = Figure(figsize=(4.2 * len(panels), 4.0))
+    fig = Figure(figsize=(4.2 * len(panels), 4.4))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     b = optimal.batch_sizes
+    edges = list(getattr(optimal, "search_edges", ()) or ())
     for ax, name in zip(axes, panels):
         if name == "one_minus_momentum":
-            ax.plot(b, 1.0 - optimal.values["momentum"], "o-", color="tab:purple", label="best trial")
+            y = 1.0 - optimal.values["momentum"]
+            ax.plot(b, y, "o-", color="tab:purple", label="best trial")
             ax.set_ylabel("1 - momentum")
+            parameters = ("momentum",)
         else:
-            ax.plot(b, optimal.values[name], "o-", color="tab:blue", label="best trial")
+            y = optimal.values[name]
+            ax.plot(b, y, "o-", color="tab:blue", label="best trial")
             lines = optimal.heuristics(name)
             ax.plot(b, lines["linear"], "--", color="tab:orange", label=r"linear $y_0 B/B_0$")
             ax.plot(b, lines["square_root"], ":", color="tab:green", label=r"square root $y_0\sqrt{B/B_0}$")
             ax.set_ylabel(name.replace("_", " "))
+            parameters = ("learning_rate", "momentum") if name == "effective_learning_rate" else ("learning_rate",)
+        _mark_search_edges(ax, b, y, [w for w in edges if w["parameter"] in parameters])
         _log2_x(ax)
         shown = np.concatenate([line.get_ydata() for line in ax.lines])
         shown = shown[np.isfinite(shown) & (shown > 0)]
@@ -196,19 +264,59 @@ def metaparameters_figure(optimal, title: str | None = None) -> Figure:
         ax.set_yscale("log")
         ax.set_xlabel("batch size")
         ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+    heading = "\n".join(t for t in (title, _wrap(caption, 60 * len(panels))) if t)
+    if heading:
+        fig.suptitle(heading, fontsize=9)
     fig.tight_layout()
     return fig
 
 
-def lr_momentum_scatter_figure(outcomes, batch_sizes: Sequence[int] | None = None, title: str | None = None, ncols: int = 4) -> Figure:
+def _mark_search_edges(ax, batch_sizes: np.ndarray, y: np.ndarray, warnings: list[dict]) -> None:
+    """Ring the points whose best trial sits at a search-space edge, labelled "parameter: low/high"."""
+    notes: dict[float, list[str]] = {}
+    for w in warnings:
+        text = f"{_SHORT_NAMES.get(w['parameter'], w['parameter'])}: {w['edge']}"
+        notes.setdefault(float(w["batch_size"]), [])
+        if text not in notes[float(w["batch_size"])]:
+            notes[float(w["batch_size"])].append(text)
+    index = [i for i, b in enumerate(batch_sizes) if float(b) in notes and np.isfinite(y[i])]
+    if not index:
+        return
+    rings = ax.scatter(batch_sizes[index], y[index], s=130, facecolors="none", edgecolors="tab:red",
+                       linewidths=1.6, zorder=4, label="best trial at search-space edge")
+    rings.set_gid("search_edge")
+    finite = np.log(y[np.isfinite(y) & (y > 0)])
+    middle = (finite.min() + finite.max()) / 2.0 if finite.size else 0.0
+    for i in index:
+        # directly below a ring in the upper half of the panel, above one in the lower half
+        upper = y[i] > 0 and np.log(y[i]) > middle
+        ax.annotate("\n".join(notes[float(batch_sizes[i])]), (batch_sizes[i], y[i]),
+                    xytext=(0, -10 if upper else 10), textcoords="offset points", ha="center",
+                    va="top" if upper else "bottom", fontsize=6.5, color="tab:red", zorder=5)
+
+
+_SHORT_NAMES = {"learning_rate": "lr", "effective_learning_rate": "effective lr"}
+
+
+def lr_momentum_scatter_figure(
+    outcomes,
+    batch_sizes: Sequence[int] | None = None,
+    title: str | None = None,
+    ncols: int = 4,
+    search_edges: Sequence[dict] | None = None,
+    search_ranges: dict | None = None,
+    caption: str | None = None,
+) -> Figure:
     """Trials in the (learning rate, 1 - momentum) plane, one panel per batch size.
 
     ``outcomes`` is the frame of :func:`batchlab.analysis.metaparameters.trial_outcomes`. Markers:
     goal reached (filled), not reached (open), diverged (x); the best trial is starred. Grey contours
-    are log10(learning rate / (1 - momentum)).
+    are log10(learning rate / (1 - momentum)). Optional: ``search_ranges``
+    (:func:`~batchlab.analysis.metaparameters.searched_ranges`) draws each panel's searched box
+    (dashed), ``search_edges`` (:func:`~batchlab.analysis.metaparameters.search_edge_warnings`)
+    rings the best trial in red where it lies at the edge of its learning-rate or momentum range,
+    and ``caption`` (which trials the figure rests on) is added under the title.
     """
     frame = outcomes[np.isfinite(outcomes["learning_rate"]) & np.isfinite(outcomes["momentum"])]
     frame = frame[frame["momentum"] < 1.0]
@@ -221,8 +329,18 @@ def lr_momentum_scatter_figure(outcomes, batch_sizes: Sequence[int] | None = Non
         raise BatchlabError(f"batch sizes {missing} have no trials with learning_rate and momentum; available: {available}")
     lr = frame["learning_rate"].to_numpy()
     om = 1.0 - frame["momentum"].to_numpy()
-    xlim = _log_limits(lr)
-    ylim = _log_limits(om)
+    boxes = {}
+    for b in chosen:
+        ranges = (search_ranges or {}).get(b, {})
+        if "learning_rate" in ranges and "momentum" in ranges:
+            (lr_lo, lr_hi, _), (m_lo, m_hi, _) = ranges["learning_rate"], ranges["momentum"]
+            if lr_lo > 0 and m_hi < 1:
+                boxes[b] = (lr_lo, lr_hi, 1.0 - m_hi, 1.0 - m_lo)
+    box_x = np.array([v for box in boxes.values() for v in box[:2]])
+    box_y = np.array([v for box in boxes.values() for v in box[2:]])
+    xlim = _log_limits(np.concatenate([lr, box_x]))
+    ylim = _log_limits(np.concatenate([om, box_y]))
+    at_edge = {int(w["batch_size"]) for w in (search_edges or ()) if w["parameter"] in ("learning_rate", "momentum")}
     ncols = min(ncols, len(chosen))
     nrows = math.ceil(len(chosen) / ncols)
     fig = Figure(figsize=(3.4 * ncols, 3.2 * nrows))
@@ -244,6 +362,13 @@ def lr_momentum_scatter_figure(outcomes, batch_sizes: Sequence[int] | None = Non
         best = here[here["best"]]
         ax.scatter(best["learning_rate"], 1.0 - best["momentum"], marker="*", s=140, color="gold",
                    edgecolors="black", linewidths=0.6, zorder=4, label="best trial")
+        if b in boxes:
+            x0, x1, y0, y1 = boxes[b]
+            ax.plot([x0, x1, x1, x0, x0], [y0, y0, y1, y1, y0], "--", color="0.4", lw=0.8, zorder=2,
+                    label="searched range", gid="searched_range")
+        if b in at_edge and not best.empty:
+            ax.scatter(best["learning_rate"], 1.0 - best["momentum"], s=320, facecolors="none", edgecolors="tab:red",
+                       linewidths=1.5, zorder=5, label="best trial at search-space edge", gid="search_edge")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlim(*xlim)
@@ -254,11 +379,16 @@ def lr_momentum_scatter_figure(outcomes, batch_sizes: Sequence[int] | None = Non
         ax.tick_params(labelsize=7)
     for ax in axes[len(chosen):]:
         ax.set_visible(False)
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    entries = {}
+    for ax in axes[: len(chosen)]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    fig.legend(list(entries.values()), list(entries), loc="lower center", ncol=min(len(entries), 6), fontsize=8,
+               frameon=False)
     suffix = "contours: log10(learning rate / (1 - momentum))"
-    fig.suptitle(f"{title}\n{suffix}" if title else suffix, fontsize=9)
-    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
+    heading = "\n".join(t for t in (title, _wrap(caption, 40 * ncols), suffix) if t)
+    fig.suptitle(heading, fontsize=9)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))  # tight_layout leaves the suptitle its room
     return fig
 
 
@@ -297,20 +427,148 @@ def best_measurement_figure(sweep, metric: str, title: str | None = None) -> Fig
     return fig
 
 
-def _error_bars(ax, curve: StepsCurve, bounds, scale: float, color) -> None:
+def _error_bars(ax, curve: StepsCurve, bounds, scale: float, color, shift: bool = False) -> bool:
+    """Intervals of the steps as thin capped error bars; ``shift`` moves them a little right of the
+    points so they do not hide the resolution brackets. A ``(None, high)`` interval is one-sided (an
+    upper bound) and is drawn from the point up to ``high``. Whether any was drawn."""
     if len(bounds) != len(curve.batch_sizes):
         raise BatchlabError(f"curve {curve.label!r}: {len(bounds)} intervals for {len(curve.batch_sizes)} batch sizes")
     rows = [
-        (b, s, lo, hi)
+        (b, s, s if lo is None else lo, hi)
         for b, s, (lo, hi) in zip(curve.batch_sizes, curve.steps, bounds)
-        if s is not None and lo is not None and hi is not None and np.isfinite([lo, hi]).all()
+        if s is not None and hi is not None and np.isfinite([s if lo is None else lo, hi]).all()
     ]
     if not rows:
-        return
+        return False
     b, s, lo, hi = (np.asarray(col, dtype=float) for col in zip(*rows))
     below, above = np.clip(s - lo, 0, None), np.clip(hi - s, 0, None)
-    ax.errorbar(b, s / scale, yerr=[below / scale, above / scale], fmt="none", ecolor=color, elinewidth=1.2,
-                capsize=3, zorder=2)
+    container = ax.errorbar(b * (2 ** 0.12 if shift else 1.0), s / scale, yerr=[below / scale, above / scale],
+                            fmt="none", ecolor=color, elinewidth=0.9, alpha=0.7, capsize=2, zorder=2)
+    container.set_label("_interval")
+    return True
+
+
+def _aligned(curve: StepsCurve, name: str) -> list:
+    """The curve's optional per-batch-size field ``name`` (``steps_lower``, ``censored_at``) as a list
+    aligned with ``batch_sizes``; all ``None`` when the curve does not carry it."""
+    values = getattr(curve, name, None)
+    if values is None:
+        return [None] * len(curve.batch_sizes)
+    values = list(values)
+    if len(values) != len(curve.batch_sizes):
+        raise BatchlabError(
+            f"curve {curve.label!r}: {len(values)} {name} values for {len(curve.batch_sizes)} batch sizes"
+        )
+    return values
+
+
+def _bracket_bars(ax, curve: StepsCurve, scale: float, color) -> bool:
+    """Resolution brackets ``(steps_lower, steps]`` of the reached points as error bars below them."""
+    rows = [
+        (b, s, lo) for b, s, lo in zip(curve.batch_sizes, curve.steps, _aligned(curve, "steps_lower"))
+        if s is not None and lo is not None
+    ]
+    if not rows:
+        return False
+    b, s, lo = (np.asarray(col, dtype=float) for col in zip(*rows))
+    below = np.clip(s - lo, 0, None)
+    container = ax.errorbar(b, s / scale, yerr=[below / scale, np.zeros_like(s)], fmt="none", ecolor=color,
+                            elinewidth=1.2, capsize=3, zorder=2)
+    container.set_label("_bracket")
+    return True
+
+
+def _censored_marks(ax, curve: StepsCurve, scale: float, color) -> set[str]:
+    """Unreached batch sizes: at their censoring bound with an upward arrow (steps exceed it), or, when
+    no bound is known, an ``x`` along the top edge. Never drawn as if reached."""
+    drawn = set()
+    bounded = [
+        (b, c) for b, s, c in zip(curve.batch_sizes, curve.steps, _aligned(curve, "censored_at"))
+        if s is None and c is not None
+    ]
+    if bounded:
+        b, c = (np.asarray(col, dtype=float) for col in zip(*bounded))
+        arrow = c * (2 ** 0.6 - 1.0)  # a fixed length on the log2 axis
+        container = ax.errorbar(b, c / scale, yerr=[np.zeros_like(c), arrow / scale], lolims=True, fmt="_",
+                                color=color, ms=12, mew=2, elinewidth=1.5, capsize=0, zorder=4)
+        container.set_label("_censored")
+        drawn.add("censored")
+    unbounded = [
+        b for b, s, c in zip(curve.batch_sizes, curve.steps, _aligned(curve, "censored_at"))
+        if s is None and c is None
+    ]
+    if unbounded:
+        marks = ax.plot(
+            unbounded, [0.97] * len(unbounded), "x", color=color, ms=8, mew=2,
+            transform=ax.get_xaxis_transform(), clip_on=False, zorder=4,
+        )[0]
+        marks.set_gid("not_reached")
+        drawn.add("unbounded")
+    return drawn
+
+
+def data_regimes(curve: StepsCurve, tolerance: float = 0.1) -> dict:
+    """The regime boundaries read from the measured points of ``curve`` (docs/methods.md, "Regimes
+    read from the data"), by :func:`batchlab.analysis.critical_batch_size.read_regimes`.
+
+    Returns ``{"b0", "perfect_scaling_end", "maximal_parallelism_start", "perfect_scaling_beyond"}``:
+    measured batch sizes or ``None`` where the data do not show the regime (fewer than two measured
+    batch sizes inside it); ``perfect_scaling_beyond`` is the largest measured batch size when every
+    measured batch size from ``B0`` on is still in perfect scaling (its end lies beyond the range).
+    """
+    from batchlab.analysis import critical_batch_size as cbs
+
+    empty = {"b0": None, "perfect_scaling_end": None, "maximal_parallelism_start": None, "perfect_scaling_beyond": None}
+    try:
+        reader = getattr(cbs, "read_regimes", None)
+        if reader is not None:
+            read = reader(curve, tolerance)
+        else:
+            read = cbs.summarize_curve(curve, tolerance).get("data_regimes")
+    except BatchlabError:
+        return empty
+    if not isinstance(read, dict) or "perfect_scaling_end" not in read:
+        return empty  # an older summary without data-read regimes: shade nothing rather than the fit's
+    ps = read["perfect_scaling_end"] if isinstance(read["perfect_scaling_end"], dict) else {}
+    beyond = ps.get("lower_bound") if ps.get("value") is None and (ps.get("n_points") or 0) >= 2 else None
+    return {
+        "b0": _boundary(read.get("b0")),
+        "perfect_scaling_end": _boundary(read["perfect_scaling_end"]),
+        "maximal_parallelism_start": _boundary(read.get("maximal_parallelism_start")),
+        "perfect_scaling_beyond": _boundary(beyond),
+    }
+
+
+def _boundary(value) -> float | None:
+    if isinstance(value, dict):
+        value = value.get("value")
+    if value is None or isinstance(value, bool):
+        return None
+    value = float(value)
+    return value if np.isfinite(value) and value > 0 else None
+
+
+def _shade_regimes(ax, curve: StepsCurve, tolerance: float, reached_b: np.ndarray) -> set[str]:
+    bounds = data_regimes(curve, tolerance)
+    drawn = set()
+    low = bounds.get("b0") or float(reached_b.min())
+    high = float(reached_b.max())
+    end = bounds.get("perfect_scaling_end")
+    beyond = bounds.get("perfect_scaling_beyond")
+    if end is not None and end > low:
+        ax.axvspan(low, end, color=_REGIME_STYLE["perfect_scaling"][0], alpha=0.12, lw=0, zorder=0).set_gid(
+            "perfect_scaling_regime")
+        drawn.add("perfect_scaling")
+    elif beyond is not None and beyond > low:
+        ax.axvspan(low, beyond, color=_REGIME_STYLE["perfect_scaling_beyond"][0], alpha=0.12, lw=0, zorder=0).set_gid(
+            "perfect_scaling_regime")
+        drawn.add("perfect_scaling_beyond")
+    start = bounds.get("maximal_parallelism_start")
+    if start is not None and start < high:
+        ax.axvspan(start, high, color=_REGIME_STYLE["maximal_parallelism"][0], alpha=0.12, lw=0, zorder=0).set_gid(
+            "maximal_parallelism_regime")
+        drawn.add("maximal_parallelism")
+    return drawn
 
 
 def _reference_point(curve: StepsCurve, b: np.ndarray, s: np.ndarray, reference: int | None) -> tuple[float, float]:
@@ -323,6 +581,15 @@ def _reference_point(curve: StepsCurve, b: np.ndarray, s: np.ndarray, reference:
             f"reached at: {[int(x) for x in b]}"
         )
     return float(reference), float(s[hit[0]])
+
+
+def _wrap(text: str | None, width: int) -> str | None:
+    """``text`` wrapped to lines of at most ``width`` characters (None stays None)."""
+    if not text:
+        return None
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width=max(width, 40)))
 
 
 def _log2_x(ax) -> None:

@@ -5,7 +5,7 @@ steps), so they are wider at the low-momentum end than the release's ImageNet ex
 REVERSE_LOG [0.9, 0.9999]): here momentum is REVERSE_LOG over [0.5, 0.999], i.e. 1 - momentum is
 log-uniform in [1e-3, 0.5]. With ``schedule="linear"`` the Shallue linear-decay parameters are added:
 ``learning_rate_decay_steps`` INTEGER over [train_steps / 2, train_steps] and
-``end_learning_rate_factor`` LOG over [1e-4, 0.1] (science.md 3.3).
+``end_learning_rate_factor`` LOG over [1e-4, 0.1] (docs/methods.md, "Optimizers, schedules and search spaces").
 """
 
 from __future__ import annotations

@@ -8,6 +8,20 @@ shortest decimal that parses back to the same double (``nan``, ``inf``, ``-inf``
 import -> export -> import gives bit-identical values. Fields without a column in the store
 (``_internal_*`` of metadata.json) are not reproduced; extra ``study.json`` fields are.
 
+Mapping to the release's conventions (docs/methods.md, "Trial statuses"):
+
+- The release knows only COMPLETE, INCOMPLETE and INFEASIBLE. A STOPPED_AT_GOAL trial is written
+  with ``status`` COMPLETE, ``steps`` = the updates it actually ran (fewer than ``train_steps``) and
+  ``batchlab_status: "STOPPED_AT_GOAL"`` in its metadata.json; its study.json says
+  ``early_stopping: true``. This is how the release itself records early-stopped studies (their
+  COMPLETE trials ran fewer steps than ``train_steps``), so a release reader sees an early-stopping
+  study, and batchlab's import reads ``batchlab_status`` back, so the status survives a round trip.
+- The release has one study per workload and batch size. Where the store holds several study
+  definitions there, all their trials are written into that one directory (trial ids are unique per
+  workload and batch size); ``study.json`` takes ``train_steps`` and ``parameter_configs`` from the
+  definition with the most trials and lists every definition with its trial ids under
+  ``batchlab_studies``. The report counts such batch sizes (``merged_batch_sizes``).
+
 The tree is built under a temporary sibling directory and renamed into place at the end, so an
 interrupted export leaves no partial ``--out`` directory.
 """
@@ -25,7 +39,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 
 from batchlab.errors import BatchlabError
 from batchlab.store.store import Store
@@ -38,9 +51,18 @@ class ExportReport:
     studies: int = 0
     trials: int = 0
     measurements: int = 0
+    stopped_at_goal: int = 0  # STOPPED_AT_GOAL trials written as COMPLETE (see the module docstring)
+    merged_batch_sizes: int = 0  # batch sizes whose several study definitions share one study.json
 
     def as_dict(self) -> dict:
-        return {"studies": self.studies, "trials": self.trials, "measurements": self.measurements}
+        return {"studies": self.studies, "trials": self.trials, "measurements": self.measurements,
+                "stopped_at_goal": self.stopped_at_goal, "merged_batch_sizes": self.merged_batch_sizes,
+                "status_mapping": STATUS_MAPPING}
+
+
+#: How statuses are written (the export's own output repeats it).
+STATUS_MAPPING = ("STOPPED_AT_GOAL -> status COMPLETE with steps = updates run, batchlab_status "
+                  "STOPPED_AT_GOAL in metadata.json, early_stopping true in study.json")
 
 
 def _safe_parts(workload: str) -> list[str]:
@@ -82,26 +104,48 @@ def export_batch_science(store: Store, out: str | Path) -> ExportReport:
     try:
         workloads = {r[0]: r[1:] for r in con.execute(
             "SELECT workload, dataset, model, optimizer FROM workloads").fetchall()}
+        # every study, with its trial count, trial ids and whether any trial stopped at its goal
         studies = con.execute(
-            "SELECT s.workload, s.batch_size, s.search_space, s.train_steps, s.early_stopping "
-            "FROM studies s ORDER BY 1, 2").fetchall()
+            """
+            SELECT s.workload, s.batch_size, s.study_id, s.search_space, s.train_steps,
+                   s.early_stopping, s.definition,
+                   count(t.trial_id) AS n, list(t.trial_id ORDER BY t.trial_id) FILTER (t.trial_id IS NOT NULL),
+                   coalesce(bool_or(t.status = 'STOPPED_AT_GOAL'), false)
+            FROM (SELECT workload, batch_size, study_id, any_value(search_space) AS search_space,
+                         any_value(train_steps) AS train_steps, any_value(early_stopping) AS early_stopping,
+                         any_value(definition) AS definition
+                  FROM studies GROUP BY ALL) s
+            LEFT JOIN trials t USING (workload, batch_size, study_id)
+            GROUP BY ALL ORDER BY s.workload, s.batch_size, n DESC, s.study_id
+            """).fetchall()
+        committed = store._committed("studies", store.state(),
+                                     ["workload", "batch_size", "study_id", "extra"])
         extras = {}
-        for f in store.state().files["studies"]:
-            t = pq.read_table(store.root / f, columns=["workload", "batch_size", "extra"])
-            for w, b, e in zip(*(t[c].to_pylist() for c in ("workload", "batch_size", "extra"))):
-                extras[(w, b)] = json.loads(e or "{}")
+        for w, b, sid, e in zip(*(committed[c].to_pylist() for c in committed.column_names)):
+            extras.setdefault((w, b, sid), json.loads(e or "{}"))
+        by_key: dict[tuple, list] = {}
+        for row in studies:
+            by_key.setdefault((row[0], row[1]), []).append(row)
         tmp.mkdir()
-        for workload, batch_size, search_space, train_steps, early_stopping in studies:
+        for (workload, batch_size), group in by_key.items():
             dataset, model, optimizer = workloads[workload]
             sdir = tmp.joinpath(*_safe_parts(workload), str(batch_size))
             sdir.mkdir(parents=True)
-            study = dict(extras.get((workload, batch_size), {}))
+            _, _, sid, search_space, train_steps, _, _, _, _, _ = group[0]  # the most trials
+            study = dict(extras.get((workload, batch_size, sid), {}))
             study.update({
                 "batch_size": batch_size, "dataset": dataset, "model": model,
-                "optimizer": optimizer, "early_stopping": bool(early_stopping),
+                "optimizer": optimizer,
+                "early_stopping": any(bool(r[5]) or bool(r[9]) for r in group),
                 "train_steps": 0 if train_steps is None else train_steps,
                 "parameter_configs": json.loads(search_space) if search_space else {},
             })
+            if len(group) > 1 or json.loads(group[0][6] or "{}").get("source") != "batch_science":
+                study["batchlab_studies"] = [
+                    {"study_id": r[2], "definition": json.loads(r[6]), "trial_ids": r[8] or []}
+                    for r in group
+                ]
+                report.merged_batch_sizes += len(group) > 1
             _write_json(sdir / "study.json", study)
             report.studies += 1
             _export_study(con, sdir, workload, batch_size, report)
@@ -146,10 +190,12 @@ def _export_study(con, sdir: Path, workload: str, batch_size: int, report: Expor
     for (tid, parameters, status, steps_trained), lo, hi in zip(trials, bounds, ends):
         tdir = sdir / str(tid)
         tdir.mkdir()
-        _write_json(tdir / "metadata.json", {
-            "parameters": json.loads(parameters), "status": status, "steps": steps_trained,
-            "trial_id": tid,
-        })
+        meta = {"parameters": json.loads(parameters), "status": status, "steps": steps_trained,
+                "trial_id": tid}
+        if status == "STOPPED_AT_GOAL":  # the release's convention; see the module docstring
+            meta.update(status="COMPLETE", batchlab_status="STOPPED_AT_GOAL")
+            report.stopped_at_goal += 1
+        _write_json(tdir / "metadata.json", meta)
         (tdir / "measurements.csv").write_bytes(_csv_bytes(metrics, row_step[lo:hi], wide[lo:hi], present[lo:hi]))
         report.trials += 1
     report.measurements += m.num_rows

@@ -1,12 +1,22 @@
 """Import the batch_science release (Shallue et al.) into a store.
 
-Release layout (science.md 3.7): ``<workload>/<batch_size>/study.json`` and
+Release layout (docs/methods.md, "The batch_science release"): ``<workload>/<batch_size>/study.json`` and
 ``<workload>/<batch_size>/<trial_id>/{metadata.json, measurements.csv}``, where ``<workload>`` is
 ``dataset/model/optimizer`` or, for the ``mnist_subsets``, ``imagenet_subsets`` and
 ``solution_quality`` groups, one more leading level. A *study directory* is one that holds a
 ``study.json`` or whose integer-named subdirectories hold trial files; its name must be an integer
 (the batch size) and the workload is its parent's path relative to the imported root (if the root
 is itself inside the release, its own trailing directory names complete the three levels).
+
+Each ``study.json`` becomes a study definition (:mod:`batchlab.store.studies`) with source
+``batch_science``: its ``train_steps``, ``parameter_configs`` as the search space, evaluation
+``{"rule": "release"}``, no stop rule (the release does not record one) and its ``early_stopping``
+flag as the definition's ``early_stopping`` key. A trial's ``status`` must be one of the release's
+(COMPLETE, INCOMPLETE, INFEASIBLE); a ``batchlab_status`` field, written by batchlab's export for
+STOPPED_AT_GOAL trials, takes precedence, so export -> import keeps that status. A
+``batchlab_studies`` list in ``study.json`` (written by batchlab's export: ``{study_id, definition,
+trial_ids}`` per study definition of that batch size) gives the listed trials their own definitions
+back; trials it does not list get the release definition.
 
 Each trial becomes the trial key ``batch_science:<workload>/<batch_size>/<trial_id>``, so
 re-importing adds nothing twice. ``measurements.csv`` has a ``step`` column and one column per
@@ -38,7 +48,9 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from batchlab.errors import BatchlabError
-from batchlab.store.schema import SCHEMAS, STATUSES
+from batchlab.store.schema import RELEASE_STATUSES, SCHEMAS, STATUSES
+from batchlab.store.studies import check_definition, make_study_definition, study_id
+from batchlab.store.writer import study_row
 from batchlab.store.maintenance import write_measurements_file
 from batchlab.store.store import Store
 
@@ -192,8 +204,13 @@ def read_metadata_json(path: Path, trial_id: int) -> dict:
     """The validated metadata.json of a trial (status, steps, trial_id, parameters)."""
     data = _load_json(path)
     status = _require(path, data, "status", str, "a string")
-    if status not in STATUSES:
-        raise MalformedFile(path, f"unknown status {status!r} (allowed: {', '.join(STATUSES)})")
+    if status not in RELEASE_STATUSES:
+        raise MalformedFile(path, f"unknown status {status!r} (allowed: {', '.join(RELEASE_STATUSES)})")
+    if "batchlab_status" in data:  # written by batchlab's export (a STOPPED_AT_GOAL trial)
+        own = data["batchlab_status"]
+        if own not in STATUSES:
+            raise MalformedFile(path, f"unknown batchlab_status {own!r} (allowed: {', '.join(STATUSES)})")
+        data = dict(data, status=own)
     steps = _require(path, data, "steps", int, "an integer >= 0")
     if steps < 0:
         raise MalformedFile(path, f"field 'steps' must be an integer >= 0, got {steps}")
@@ -347,6 +364,7 @@ class StudyResult:
 
     study: dict | None
     trials: list[dict]
+    more_studies: list[dict]  # rows of further definitions named by ``batchlab_studies``
     measurements: list[pa.Table]
     present: int
     skipped: list[tuple[str, str]]
@@ -363,12 +381,15 @@ def read_study(study: StudyDir, published_ids: set[int], skip_bad: bool) -> Stud
 
     if study.batch_size is None:
         bad(MalformedFile(study.path, "batch size directory name is not an integer"))
-        return StudyResult(None, [], [], 0, skipped)
+        return StudyResult(None, [], [], [], 0, skipped)
     try:
         study_json = read_study_json(study.path / "study.json", study.batch_size)
+        definition = release_definition(study.workload, study.batch_size, study_json,
+                                        study.path / "study.json")
+        own = batchlab_definitions(study.workload, study.batch_size, study_json, study.path / "study.json")
     except MalformedFile as err:
         bad(err)
-        return StudyResult(None, [], [], 0, skipped)
+        return StudyResult(None, [], [], [], 0, skipped)
 
     trial_ids = []
     for entry in os.scandir(study.path):
@@ -418,25 +439,65 @@ def read_study(study: StudyDir, published_ids: set[int], skip_bad: bool) -> Stud
         good.extend(group)
         tables.extend(_long_rows(study.workload, study.batch_size, names, table, ids))
 
+    sid = study_id(definition)
+    own_ids = {tid: study_id(d) for tid, d in own.items()}
     trials = [
         {
             "workload": study.workload, "batch_size": study.batch_size, "trial_id": t.trial_id,
             "trial_key": trial_key(study.workload, study.batch_size, t.trial_id),
+            "study_id": own_ids.get(t.trial_id, sid),
             "parameters": json.dumps(t.meta["parameters"], sort_keys=True),
             "status": t.meta["status"], "steps": t.meta["steps"], "seed": None, "source": SOURCE,
         }
         for t in sorted(good, key=lambda t: t.trial_id)
     ]
-    extra = {k: v for k, v in study_json.items() if k not in STUDY_FIELDS}
-    study_row = {
-        "workload": study.workload, "batch_size": study.batch_size,
-        "search_space": json.dumps(study_json["parameter_configs"], sort_keys=True),
-        "train_steps": study_json["train_steps"], "early_stopping": study_json["early_stopping"],
-        "extra": json.dumps(extra, sort_keys=True),
-        "dataset": study_json["dataset"], "model": study_json["model"],
-        "optimizer": study_json["optimizer"],
-    }
-    return StudyResult(study_row, trials, tables, present, skipped)
+    extra = {k: v for k, v in study_json.items() if k not in STUDY_FIELDS and k != "batchlab_studies"}
+    row = study_row(definition, extra)
+    row.update(dataset=study_json["dataset"], model=study_json["model"], optimizer=study_json["optimizer"])
+    used = {t["study_id"] for t in trials}
+    more, seen = [], {sid}
+    for d in own.values():
+        if study_id(d) in used and study_id(d) not in seen:
+            seen.add(study_id(d))
+            more.append(study_row(d))
+    if own and sid not in used and more:  # every trial has its own definition: no release row
+        row = dict(more.pop(0), dataset=row["dataset"], model=row["model"], optimizer=row["optimizer"])
+    return StudyResult(row, trials, more, tables, present, skipped)
+
+
+def batchlab_definitions(workload: str, batch_size: int, study_json: dict, path: Path | str) -> dict[int, dict]:
+    """{trial id: definition} from a ``batchlab_studies`` list in ``study.json`` (empty if none)."""
+    listed = study_json.get("batchlab_studies")
+    if listed is None:
+        return {}
+    if not isinstance(listed, list):
+        raise MalformedFile(path, "field 'batchlab_studies' must be a list")
+    out: dict[int, dict] = {}
+    for entry in listed:
+        if not isinstance(entry, dict) or not isinstance(entry.get("definition"), dict) \
+                or not isinstance(entry.get("trial_ids"), list):
+            raise MalformedFile(path, "each 'batchlab_studies' entry needs a 'definition' object and 'trial_ids'")
+        try:
+            d = check_definition(entry["definition"], workload, batch_size)
+        except BatchlabError as exc:
+            raise MalformedFile(path, f"batchlab_studies: {exc}") from None
+        for tid in entry["trial_ids"]:
+            if isinstance(tid, bool) or not isinstance(tid, int) or tid in out:
+                raise MalformedFile(path, f"batchlab_studies: bad or repeated trial id {tid!r}")
+            out[tid] = d
+    return out
+
+
+def release_definition(workload: str, batch_size: int, study_json: dict, path: Path | str = "study.json") -> dict:
+    """The study definition of a release ``study.json`` (source ``batch_science``)."""
+    try:
+        return make_study_definition(
+            workload=workload, batch_size=batch_size, train_steps=study_json["train_steps"],
+            search_space=study_json["parameter_configs"], evaluation={"rule": "release"},
+            source=SOURCE, early_stopping=bool(study_json["early_stopping"]),
+        )
+    except BatchlabError as exc:
+        raise MalformedFile(path, str(exc)) from None
 
 
 # ------------------------------------------------------------------------- the import
@@ -479,6 +540,8 @@ def _import_batch(root: str, claim_id: str, studies: list[StudyDir], published: 
             if result.study is None:
                 continue
             out.studies.append(result.study)
+            out.studies.extend(dict(r, dataset=result.study["dataset"], model=result.study["model"],
+                                    optimizer=result.study["optimizer"]) for r in result.more_studies)
             out.trials.extend(result.trials)
             for table in result.measurements:
                 pending.append(table)
@@ -568,7 +631,7 @@ def import_batch_science(
             report.trials_already_present += o.present
         files = [f for o in outputs for f in o.files]
         study_rows = [s for o in outputs for s in o.studies]
-        report.studies = len(study_rows)
+        report.studies = len({(s["workload"], s["batch_size"]) for s in study_rows})  # study directories
         trials = pa.Table.from_pylist([t for o in outputs for t in o.trials], schema=SCHEMAS["trials"])
         workloads = {}
         for s in study_rows:

@@ -36,7 +36,7 @@ from batchlab.store.files import (
     fsync_directory,
 )
 from batchlab.store.log import LOCK_FILE, LOG_DIR, CommitPlan, StoreState, commit, read_state
-from batchlab.store.schema import SCHEMAS, STATUSES, TABLES
+from batchlab.store.schema import SCHEMAS, STATUSES, TABLES, conform
 from batchlab.store.store import DATA_DIR, PENDING_DIR, Store
 
 MERGE_TARGET_ROWS = 16_000_000  # rows per merged measurements file
@@ -56,8 +56,23 @@ _MEASUREMENT_WRITE_OPTIONS = {
 }
 
 
-def store_info(store: Store) -> dict:
-    """Counts of workloads, studies, trials by status and measurements, plus file counts."""
+def study_summary(entry: dict) -> dict:
+    """One study of :meth:`Store.study_definitions` as ``store info`` lists it."""
+    d = entry["definition"]
+    return {
+        "workload": entry["workload"], "batch_size": entry["batch_size"], "study_id": entry["study_id"],
+        "source": d.get("source"), "train_steps": d.get("train_steps"),
+        "train_examples": d.get("train_examples"), "stop_rule": d.get("stop_rule"),
+        "early_stopping": bool(d.get("stop_rule") is not None or d.get("early_stopping", False)),
+        "evaluation": d.get("evaluation"), "seed": d.get("seed"),
+        "n_trials": entry["n_trials"], "statuses": entry["statuses"], "definition": d,
+    }
+
+
+def store_info(store: Store, workload: str | None = None) -> dict:
+    """Counts of workloads, studies, trials by status and measurements, file counts, and every
+    study definition (``study_definitions``: one entry per study, see :func:`study_summary`;
+    of ``workload`` only if given)."""
     con = store.connect()
     try:
         by_status = dict(con.execute("SELECT status, count(*) FROM trials GROUP BY 1").fetchall())
@@ -65,6 +80,12 @@ def store_info(store: Store) -> dict:
     finally:
         con.close()
     state = store.state()
+    studies = [study_summary(e) for e in store.study_definitions(workload)]
+    per_key: dict[tuple, int] = {}
+    for s in studies:
+        per_key[(s["workload"], s["batch_size"])] = per_key.get((s["workload"], s["batch_size"]), 0) + 1
+    for s in studies:  # > 1: this batch size holds trials run under different definitions
+        s["definitions_at_batch_size"] = per_key[(s["workload"], s["batch_size"])]
     return {
         "store": str(store.root),
         "workloads": counts["workloads"],
@@ -74,6 +95,7 @@ def store_info(store: Store) -> dict:
         "files": {name: len(state.files[name]) for name in TABLES},
         "pending_trials": len(store.pending_headers()),
         "commits": state.seq,
+        "study_definitions": studies,
     }
 
 
@@ -115,7 +137,8 @@ def _merge(store: Store, name: str, group: list[str]) -> str:
     """Write the rows of ``group`` to one new uncommitted file, streaming.
 
     Measurements are re-sorted by :data:`MEASUREMENT_ORDER` (DuckDB's external sort, so memory
-    stays bounded) and written with the import's layout; the other tables keep their row order."""
+    stays bounded) and written with the import's layout; the other tables keep their row order and
+    every column (``study_id`` and ``definition`` included)."""
     rel, path = store.new_data_path(name)
     if name == "measurements":
         write_path_atomic(path, lambda tmp: _write_sorted_measurements(store, group, tmp))
@@ -127,7 +150,9 @@ def _merge(store: Store, name: str, group: list[str]) -> str:
             for src in group:
                 reader = pq.ParquetFile(store.root / src)
                 for i in range(reader.num_row_groups):
-                    writer.write_table(reader.read_row_group(i).cast(schema), row_group_size=1 << 20)
+                    # conform: a file from before study definitions gets null study_id/definition
+                    # columns (the views fill them in exactly as for the unmerged file)
+                    writer.write_table(conform(reader.read_row_group(i), name), row_group_size=1 << 20)
 
     write_path_atomic(path, copy)
     return rel

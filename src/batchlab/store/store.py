@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from batchlab.errors import BatchlabError, unknown_name_error
 from batchlab.store.files import write_bytes_atomic, write_parquet_atomic
 from batchlab.store.log import LOG_DIR, CommitPlan, StoreState, commit, read_state
-from batchlab.store.schema import SCHEMAS, STATUSES, TABLES, empty_table, view_sql
+from batchlab.store.schema import SCHEMAS, STATUSES, TABLES, conform, data_suffix, empty_table, view_sql
 
 MARKER = "batchlab-store.json"
 FORMAT_VERSION = 1
@@ -156,12 +156,15 @@ class Store:
         finally:
             con.close()
 
-    def _read_files(self, files: Iterable[str], columns: list[str] | None = None) -> pa.Table:
+    def _read_files(self, files: Iterable[str], columns: list[str] | None = None,
+                    name: str | None = None) -> pa.Table:
         tables = []
         for rel in files:
             table = self._file_cache.get(rel)
             if table is None:
                 table = pq.read_table(self.root / rel)
+                if name in ("trials", "studies"):  # a file from before study definitions: add nulls
+                    table = conform(table, name)
                 self._file_cache[rel] = table
             tables.append(table.select(columns) if columns else table)
         if not tables:
@@ -169,7 +172,7 @@ class Store:
         return pa.concat_tables(tables)
 
     def _committed(self, name: str, state: StoreState, columns: list[str]) -> pa.Table:
-        table = self._read_files(state.files[name], columns)
+        table = self._read_files(state.files[name], columns, name)
         return table if table is not None else empty_table(name).select(columns)
 
     def finished_trial_keys(self) -> set[str]:
@@ -203,6 +206,37 @@ class Store:
                 continue  # finished (removed) meanwhile, or killed before its header was durable
         return headers
 
+    def study_definitions(self, workload: str | None = None) -> list[dict]:
+        """Every study of the store (of ``workload`` only, if given), sorted by workload, batch size
+        and study id: one dict per study with ``workload``, ``batch_size``, ``study_id``,
+        ``definition`` (dict), ``n_trials`` and ``statuses`` ({status: count}, every status)."""
+        con = self.connect()
+        try:
+            where, params = ("WHERE workload = ?", [workload]) if workload is not None else ("", [])
+            rows = con.execute(
+                f"""
+                WITH s AS (SELECT workload, batch_size, study_id, any_value(definition) AS definition
+                           FROM studies {where} GROUP BY ALL),
+                     t AS (SELECT workload, batch_size, study_id, status, count(*) AS n
+                           FROM trials {where} GROUP BY ALL)
+                SELECT s.workload, s.batch_size, s.study_id, s.definition, t.status, t.n
+                FROM s LEFT JOIN t USING (workload, batch_size, study_id)
+                ORDER BY 1, 2, 3
+                """, params + params).fetchall()
+        finally:
+            con.close()
+        out: dict[tuple, dict] = {}
+        for w, b, sid, definition, status, n in rows:
+            entry = out.setdefault((w, b, sid), {
+                "workload": w, "batch_size": b, "study_id": sid,
+                "definition": json.loads(definition) if definition else {},
+                "n_trials": 0, "statuses": {s: 0 for s in STATUSES},
+            })
+            if status is not None:
+                entry["statuses"][status] = entry["statuses"].get(status, 0) + int(n)
+                entry["n_trials"] += int(n)
+        return list(out.values())
+
     # ----------------------------------------------------------------- writing
     def trial_writer(
         self,
@@ -218,8 +252,13 @@ class Store:
         train_steps: int | None = None,
         early_stopping: bool = False,
         tags: Mapping[str, Any] | None = None,
+        study_definition: Mapping[str, Any] | None = None,
     ):
-        """Start writing one trial; see :class:`batchlab.store.writer.TrialWriter`."""
+        """Start writing one trial; see :class:`batchlab.store.writer.TrialWriter`.
+
+        ``study_definition`` (:func:`batchlab.store.studies.make_study_definition`) names the study
+        the trial belongs to; None builds one from ``train_steps``, ``search_space``, ``seed``,
+        ``source`` and ``early_stopping``."""
         from batchlab.store.writer import TrialWriter
 
         return TrialWriter(
@@ -235,11 +274,12 @@ class Store:
             train_steps=train_steps,
             early_stopping=early_stopping,
             tags=tags,
+            study_definition=study_definition,
         )
 
     def new_data_path(self, table: str) -> tuple[str, Path]:
         """A fresh unique file name for ``table``: (path relative to the store, absolute path)."""
-        rel = f"{DATA_DIR}/{table}/{self.claim_id}-{uuid.uuid4().hex}.parquet"
+        rel = f"{DATA_DIR}/{table}/{self.claim_id}-{uuid.uuid4().hex}{data_suffix(table)}"
         return rel, self.root / rel
 
     def write_data_file(self, table: str, data: pa.Table) -> str:
@@ -265,7 +305,8 @@ class Store:
         Under the store lock: trials whose ``trial_key`` is already published are dropped (their
         measurements are filtered out of the given files, which are rewritten if needed); a trial
         whose (workload, batch_size, trial_id) is already published under another key raises
-        BatchlabError and commits nothing. Workload and study rows already present are dropped.
+        BatchlabError and commits nothing. Workload rows already present, and study rows whose
+        (workload, batch_size, study_id) is already present, are dropped.
         Returns the number of trials published.
         """
         trials = trials.cast(SCHEMAS["trials"])
@@ -299,8 +340,10 @@ class Store:
                 if fresh.num_rows:
                     add["workloads"] = [self.write_data_file("workloads", fresh)]
             if studies is not None and studies.num_rows:
-                have = self._committed("studies", state, ["workload", "batch_size"])
-                fresh = _anti_join(studies, have, ["workload", "batch_size"])
+                key = ["workload", "batch_size", "study_id"]
+                studies_now = _dedup(studies.cast(SCHEMAS["studies"]), key)
+                have = self._committed("studies", state, key)
+                fresh = _anti_join(studies_now, have, key)
                 if fresh.num_rows:
                     add["studies"] = [self.write_data_file("studies", fresh)]
             written.extend(f for name, files in add.items() if name != "measurements" for f in files)
@@ -351,6 +394,16 @@ def _anti_join(left: pa.Table, right: pa.Table, keys: list[str]) -> pa.Table:
     return _plain(left).join(right_keys, keys=keys, join_type="left anti")
 
 
+def _dedup(table: pa.Table, keys: list[str]) -> pa.Table:
+    """The first row of ``table`` for each value of ``keys`` (order kept)."""
+    if table.num_rows < 2:
+        return table
+    index = pa.array(range(table.num_rows), pa.int64())
+    first = table.select(keys).append_column("_i", index).group_by(keys, use_threads=False).aggregate(
+        [("_i", "min")])["_i_min"]
+    return table.take(pc.sort_indices(first))
+
+
 def _check_unique_within(trials: pa.Table) -> None:
     keys = trials["trial_key"]
     if len(pc.unique(keys)) != len(keys):
@@ -379,7 +432,7 @@ def _check_no_id_collision(new_trials: pa.Table, committed: pa.Table) -> None:
 
 
 def validate_status(status: str) -> str:
-    """Return ``status`` if it is one of COMPLETE/INCOMPLETE/INFEASIBLE, else BatchlabError."""
+    """Return ``status`` if it is one of :data:`STATUSES`, else BatchlabError."""
     if status not in STATUSES:
         raise unknown_name_error("trial status", str(status), STATUSES)
     return status

@@ -1,7 +1,7 @@
 """Write batch_science release trees: explicit small ones (for tests) and large synthetic ones.
 
 :func:`write_study` writes one study with the trials and measurements given, in the exact release
-format (science.md 3.7). :func:`generate_release` writes a whole synthetic release shaped by a
+format (docs/methods.md, "The batch_science release"). :func:`generate_release` writes a whole synthetic release shaped by a
 table of studies (``shallue_studies.csv``: ``workload_dir, batch_size, complete_trials,
 incomplete_trials, infeasible_trials``) with decreasing error curves whose steps to result follow
 S(B) = S_min (1 + B_crit / B), evaluated at irregular steps; it is what ``benchmarks/store_scale.py``

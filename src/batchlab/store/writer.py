@@ -29,6 +29,13 @@ import pyarrow as pa
 from batchlab.errors import BatchlabError
 from batchlab.store.schema import SCHEMAS
 from batchlab.store.store import PENDING_DIR, Store, split_workload, validate_status
+from batchlab.store.studies import (
+    canonical_json,
+    check_definition,
+    early_stopping,
+    make_study_definition,
+    study_id,
+)
 
 
 @dataclass(frozen=True)
@@ -36,9 +43,13 @@ class TrialRecord:
     """One whole trial to publish with :func:`publish_trials`.
 
     ``measurements`` holds ``(step, metric, value)`` triples; ``step`` counts optimizer updates.
-    ``search_space`` (batch_science ``parameter_configs``), ``train_steps``, ``early_stopping``
-    and ``tags`` describe the study and workload; they are recorded the first time the study or
-    workload appears in the store.
+    ``study_definition`` (from :func:`batchlab.store.studies.make_study_definition`) says what the
+    trial was run under; the trial row gets its :func:`~batchlab.store.studies.study_id`, and the
+    study row is added the first time that id appears at this workload and batch size (another
+    definition at the same workload and batch size is another study, kept apart). When it is None
+    the definition is built from ``train_steps``, ``search_space``, ``seed`` and ``source`` (and
+    ``early_stopping=True`` is kept as the definition's ``early_stopping`` key). ``tags`` describe
+    the workload; they are recorded the first time the workload appears in the store.
     """
 
     workload: str
@@ -55,6 +66,18 @@ class TrialRecord:
     train_steps: int | None = None
     early_stopping: bool = False
     tags: Mapping[str, Any] | None = field(default=None)
+    study_definition: Mapping[str, Any] | None = None
+
+
+def record_definition(r: TrialRecord) -> dict:
+    """The study definition of a record: its own (re-validated), or one built from its fields."""
+    if r.study_definition is not None:
+        return check_definition(r.study_definition, r.workload, int(r.batch_size))
+    extra = {"early_stopping": True} if r.early_stopping else {}
+    return make_study_definition(
+        workload=r.workload, batch_size=int(r.batch_size), train_steps=r.train_steps,
+        search_space=r.search_space, seed=r.seed, source=r.source, **extra,
+    )
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -73,7 +96,8 @@ def _check_value(metric: str, value: Any) -> float:
         raise BatchlabError(f"value of metric {metric!r} must be a number, got {value!r}") from None
 
 
-def _validate_record(r: TrialRecord) -> None:
+def _validate_record(r: TrialRecord) -> dict:
+    """Check a record's fields; returns its study definition."""
     split_workload(r.workload)
     _check_int("batch_size", r.batch_size, 1)
     _check_int("trial_id", r.trial_id, 0)
@@ -85,6 +109,7 @@ def _validate_record(r: TrialRecord) -> None:
         _check_int("seed", r.seed, 0)
     if r.train_steps is not None:
         _check_int("train_steps", r.train_steps, 0)
+    return record_definition(r)
 
 
 def _plain_json(value: Any) -> Any:
@@ -98,17 +123,29 @@ def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, allow_nan=True, default=_plain_json)
 
 
-def _rows(records: Sequence[TrialRecord]) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
+def study_row(definition: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> dict:
+    """The studies-table row (on-disk schema) of a validated study definition."""
+    return {
+        "workload": definition["workload"], "batch_size": int(definition["batch_size"]),
+        "study_id": study_id(definition),
+        "search_space": None if definition.get("search_space") is None else _json(definition["search_space"]),
+        "train_steps": definition.get("train_steps"), "early_stopping": early_stopping(definition),
+        "definition": canonical_json(definition), "extra": _json(dict(extra or {})),
+    }
+
+
+def _rows(records: Sequence[TrialRecord], definitions: Sequence[dict]) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
     """(trials, measurements, workloads, studies) Arrow tables for ``records``."""
+    ids = [study_id(d) for d in definitions]
     trials = pa.Table.from_pylist(
         [
             {
                 "workload": r.workload, "batch_size": int(r.batch_size), "trial_id": int(r.trial_id),
-                "trial_key": r.trial_key, "parameters": _json(dict(r.parameters)),
+                "trial_key": r.trial_key, "study_id": sid, "parameters": _json(dict(r.parameters)),
                 "status": r.status, "steps": int(r.steps),
                 "seed": None if r.seed is None else int(r.seed), "source": r.source,
             }
-            for r in records
+            for r, sid in zip(records, ids)
         ],
         schema=SCHEMAS["trials"],
     )
@@ -132,17 +169,14 @@ def _rows(records: Sequence[TrialRecord]) -> tuple[pa.Table, pa.Table, pa.Table,
     ).cast(SCHEMAS["measurements"])
     workloads = {}
     studies = {}
-    for r in records:
+    for r, definition, sid in zip(records, definitions, ids):
         dataset, model, optimizer = split_workload(r.workload)
         workloads.setdefault(r.workload, {
             "workload": r.workload, "dataset": dataset, "model": model, "optimizer": optimizer,
             "tags": _json(dict(r.tags or {})),
         })
-        studies.setdefault((r.workload, int(r.batch_size)), {
-            "workload": r.workload, "batch_size": int(r.batch_size),
-            "search_space": None if r.search_space is None else _json(dict(r.search_space)),
-            "train_steps": None if r.train_steps is None else int(r.train_steps), "early_stopping": bool(r.early_stopping), "extra": "{}",
-        })
+        if (r.workload, int(r.batch_size), sid) not in studies:
+            studies[(r.workload, int(r.batch_size), sid)] = study_row(definition)
     return (
         trials,
         measurements,
@@ -158,11 +192,10 @@ def publish_trials(store: Store, records: Sequence[TrialRecord]) -> int:
     BatchlabError for invalid fields, or a trial id already used at that workload and batch size
     under another key.
     """
-    for r in records:
-        _validate_record(r)
+    definitions = [_validate_record(r) for r in records]
     if not records:
         return 0
-    trials, measurements, workloads, studies = _rows(records)
+    trials, measurements, workloads, studies = _rows(records, definitions)
     files = [store.write_data_file("measurements", measurements)] if measurements.num_rows else []
     try:
         return store.publish(trials, files, workloads, studies)
@@ -179,7 +212,11 @@ class TrialWriter:
         self.store = store
         self._fields = fields
         self._record = TrialRecord(status="COMPLETE", steps=0, **fields)
-        _validate_record(self._record)
+        definition = _validate_record(self._record)
+        # the definition is fixed now (a caller's dict changing later does not move the trial)
+        self._fields["study_definition"] = definition
+        self.study_definition = definition
+        self.study_id = study_id(definition)
         self._measurements: list[tuple[int, str, float]] = []
         self._seen: set[tuple[int, str]] = set()
         self._finished = False
@@ -187,7 +224,7 @@ class TrialWriter:
         header = {k: v for k, v in fields.items()}
         header["parameters"] = dict(fields["parameters"])
         for key in ("search_space", "tags"):
-            if header[key] is not None:
+            if header.get(key) is not None:
                 header[key] = dict(header[key])
         self._journal = open(self.journal_path, "x", encoding="utf-8")
         self._append({"header": header})

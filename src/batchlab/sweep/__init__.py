@@ -4,10 +4,12 @@
 >>> plan = prepare_sweep(load_sweep_config("sweep.toml"))   # validates everything, writes nothing
 >>> summary = run_sweep(plan)                                # runs what is not yet in the store
 
-Modules: ``config`` (pydantic model, TOML), ``keys`` (stable trial keys, ids, seeds), ``plan`` (studies,
-trials, tasks), ``executors`` (local process pool, Dask, inline), ``worker`` (what a worker runs),
-``vectorized`` (K trials as one torch.func computation), ``budget`` (the growth rule), ``runner``
-(the driver), ``progress`` (rich display and JSON lines). The command line is ``batchlab sweep``.
+Modules: ``config`` (pydantic model, TOML, the step-budget rule), ``keys`` (sweep ids, stable trial
+keys, id blocks, seeds), ``plan`` (studies and their study definitions, trials, tasks), ``executors``
+(local process pool, Dask, inline), ``worker`` (what a worker runs), ``vectorized`` (K trials as one
+torch.func computation), ``budget`` (the growth rule), ``runner`` (the driver and the summary of the
+sweep's own trials), ``progress`` (rich display and JSON lines). The command line is ``batchlab
+sweep``; docs/methods.md ("Sweeps") defines the budget rule, budget growth and what the table reports.
 """
 
 from batchlab.sweep.config import SweepConfig, load_sweep_config, parse_sweep_config

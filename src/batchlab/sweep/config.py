@@ -12,18 +12,32 @@ TOML layout (all keys top level; ``search_spaces`` and ``budgets`` are tables)::
     batch_sizes = [16, 64, 256]
     trials = 16
     store = "runs/fc128"
-    steps = 2000               # default budget; absent: each workload's default_steps
+    # Step budget per batch size B (docs/methods.md, "Sweeps"), the first that applies:
+    # [budgets] table > steps (the same budget at every B) > budget_epochs > the workload's default:
+    #   steps(B) = min(max_steps, max(min_steps, ceil(examples / B)))
+    # with examples = budget_epochs x training examples, or, by default, the workload's
+    # default_steps x default_batch_size; min_steps defaults to the workload's default_steps.
+    # steps = 2000             # a fixed budget at every batch size
+    # budget_epochs = 8.0      # a fixed number of epochs at small B ...
+    # min_steps = 3000         # ... with a floor of steps at large B
+    # max_steps = 100000       # an optional cap (small B may then be censored)
     train_examples = 10000     # absent: the whole training set
     seed = 0
     stop_at_goal = true
     grow_budget = false        # raise the budget of studies whose trials all ran out of steps
+    # grow_factor = 2.0        # ... by this factor (decay and warmup steps stretch with the budget)
+    # max_budget_growths = 2   # ... at most this many times
+    # schedule = "constant"    # default search spaces: "constant" or "linear" (decay over [T/2, T])
+    # resolution = 0.05        # evaluation steps within a factor 1 + resolution of each other
     executor = "local"         # or "dask" (with workers = K: a LocalCluster on 127.0.0.1)
     # scheduler = "tcp://10.0.0.1:8786"   # an existing Dask scheduler
     workers = 2                # absent: the number of cores
     vectorize = "auto"         # "auto" | "always" | "never"
-    # evaluations = 20         # regular evaluations per trial (absent: the workload's schedule)
+    # evaluations = 20         # regular evaluations of every metric per trial (absent: the workload's);
+    #                          # the goal metric is also evaluated at the resolution steps
     # goal = 0.1               # goal of the steps-to-result table and the growth rule (absent: the
-    #                          # workload's); trials still stop at the workload's goal with stop_at_goal
+    #                          # workload's); trials still stop at the workload's goal with stop_at_goal,
+    #                          # so a stricter goal needs stop_at_goal = false
 
     [budgets]                  # per-batch-size step budgets (override ``steps``)
     16 = 4000
@@ -64,6 +78,9 @@ class SweepConfig(BaseModel):
     trials: StrictInt = Field(ge=1, le=MAX_TRIALS_PER_STUDY)
     store: str | None = None
     steps: StrictInt | None = Field(default=None, ge=1)
+    budget_epochs: float | None = Field(default=None, gt=0.0, le=1e6)
+    min_steps: StrictInt | None = Field(default=None, ge=1)
+    max_steps: StrictInt | None = Field(default=None, ge=1)
     budgets: dict[int, StrictInt] = Field(default_factory=dict)
     train_examples: StrictInt | None = Field(default=None, ge=1)
     seed: StrictInt = Field(default=0, ge=0, lt=2**31)
@@ -75,6 +92,8 @@ class SweepConfig(BaseModel):
     workers: StrictInt | None = Field(default=None, ge=1, le=4096)
     scheduler: str | None = None
     evaluations: StrictInt | None = Field(default=None, ge=1, le=10_000)
+    resolution: float = Field(default=0.05, gt=0.0, lt=1.0)
+    schedule: Literal["constant", "linear"] = "constant"
     goal: float | None = None
     vectorize: Literal["auto", "always", "never"] = "auto"
     vectorize_trials: StrictInt = Field(default=16, ge=1, le=1024)
@@ -82,7 +101,7 @@ class SweepConfig(BaseModel):
 
     # Counts and switches are strict (TOML ``true`` is not the batch size 1, ``"yes"`` is not a switch);
     # the two real-valued fields take ints and floats but neither booleans nor non-finite values.
-    @field_validator("goal", "grow_factor", mode="before")
+    @field_validator("goal", "grow_factor", "budget_epochs", "resolution", mode="before")
     @classmethod
     def _finite_real(cls, value: Any) -> Any:
         if value is None:
@@ -124,6 +143,16 @@ class SweepConfig(BaseModel):
         bad = {b: s for b, s in self.budgets.items() if s < 1}
         if bad:
             raise ValueError(f"budgets: step budgets must be >= 1, got {bad}")
+        if self.steps is not None and self.budget_epochs is not None:
+            raise ValueError("steps (a fixed budget) and budget_epochs (an epoch budget) exclude each other; "
+                             "allowed: one of them")
+        for name in ("min_steps", "max_steps"):
+            if self.steps is not None and getattr(self, name) is not None:
+                raise ValueError(f"{name} bounds the epoch budget and cannot be combined with steps (a fixed "
+                                 "budget); allowed: steps alone, or budget_epochs with min_steps/max_steps")
+        if self.min_steps is not None and self.max_steps is not None and self.min_steps > self.max_steps:
+            raise ValueError(f"min_steps {self.min_steps} exceeds max_steps {self.max_steps}; allowed: "
+                             "min_steps <= max_steps")
         extra = sorted(set(self.search_spaces) - set(self.optimizers))
         if extra:
             raise ValueError(f"search_spaces: optimizers {extra} are not in optimizers; allowed: {self.optimizers}")
@@ -134,11 +163,37 @@ class SweepConfig(BaseModel):
         """True when trials run on Dask (``executor = "dask"`` or a ``scheduler`` address)."""
         return self.executor == "dask" or self.scheduler is not None
 
-    def study_steps(self, workload_default_steps: int, batch_size: int) -> int:
-        """The step budget of the study at ``batch_size`` (before any growth)."""
-        if batch_size in self.budgets:
-            return self.budgets[batch_size]
-        return self.steps if self.steps is not None else int(workload_default_steps)
+    def budget_rule(self, workload: Any) -> dict[str, Any]:
+        """The step-budget rule of ``workload``'s studies, as recorded in their study definitions.
+
+        ``{"rule": "fixed", "steps": S}`` with ``steps``; else ``{"rule": "examples", "examples": X,
+        "min_steps": S, "max_steps": M, "basis": ...}``: ``steps(B) = min(M, max(S, ceil(X / B)))``,
+        where ``X`` is ``budget_epochs`` x the training examples (basis ``"epochs"``) or the workload's
+        ``default_steps x default_batch_size`` (basis ``"workload"``). A ``budgets`` table (per batch
+        size) overrides either and is recorded under ``"budgets"``.
+        """
+        if self.steps is not None:
+            rule: dict[str, Any] = {"rule": "fixed", "steps": int(self.steps)}
+        else:
+            if self.budget_epochs is not None:
+                available = int(workload.split_sizes["train"])
+                num_train = min(self.train_examples or available, available)
+                examples = int(math.ceil(float(self.budget_epochs) * num_train))
+                basis = {"basis": "epochs", "epochs": float(self.budget_epochs), "train_examples": num_train}
+            else:
+                examples = int(workload.default_steps) * int(workload.default_batch_size)
+                basis = {"basis": "workload", "default_steps": int(workload.default_steps),
+                         "default_batch_size": int(workload.default_batch_size)}
+            rule = {"rule": "examples", "examples": examples,
+                    "min_steps": int(self.min_steps if self.min_steps is not None else workload.default_steps),
+                    "max_steps": None if self.max_steps is None else int(self.max_steps), **basis}
+        if self.budgets:
+            rule["budgets"] = {str(b): int(s) for b, s in sorted(self.budgets.items())}
+        return rule
+
+    def study_steps(self, workload: Any, batch_size: int) -> int:
+        """The step budget of the study of ``workload`` at ``batch_size`` (before any growth)."""
+        return steps_from_rule(self.budget_rule(workload), batch_size)
 
     def resolved_workers(self) -> int:
         """Number of worker processes: ``workers`` or the number of usable cores."""
@@ -148,6 +203,19 @@ class SweepConfig(BaseModel):
             return max(1, len(os.sched_getaffinity(0)))
         except AttributeError:  # pragma: no cover - not Linux
             return max(1, os.cpu_count() or 1)
+
+
+def steps_from_rule(rule: dict[str, Any], batch_size: int) -> int:
+    """The step budget at ``batch_size`` under a :meth:`SweepConfig.budget_rule`."""
+    table = rule.get("budgets") or {}
+    if str(int(batch_size)) in table:
+        return int(table[str(int(batch_size))])
+    if rule["rule"] == "fixed":
+        return int(rule["steps"])
+    steps = max(int(rule["min_steps"]), math.ceil(rule["examples"] / int(batch_size)))
+    if rule.get("max_steps") is not None:
+        steps = min(steps, int(rule["max_steps"]))
+    return int(steps)
 
 
 def parse_sweep_config(data: dict[str, Any], source: str = "sweep config") -> SweepConfig:

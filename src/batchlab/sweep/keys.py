@@ -1,21 +1,28 @@
-"""Stable names for trials: keys for resume, ids and seeds derived from the search-space point index.
+"""Stable names for trials: sweep ids, trial keys, id blocks and seeds.
 
-A trial is identified by (workload, optimizer, batch size, search-space point index, sweep seed) plus
-a short digest of everything else that defines its study (step budget, training-set size,
-stop-at-goal, the search space itself). Re-running the same sweep produces the same keys, so finished
-trials are skipped; changing the study definition produces new keys, so nothing stale is reused.
+Every study of a sweep (one workload, optimizer, batch size and budget round) has a *study
+definition* (:func:`batchlab.store.studies.make_study_definition`: step budget, training examples,
+search space, evaluation schedule, stop rule, seed, source) with three extra keys: ``sweep`` (the
+:func:`sweep_id`), ``budget_round`` and ``budget_rule``. A trial's key is
+``<workload>/<optimizer>|b=<B>|point=<i>|seed=<s>|study=<study id>``, so a key names exactly one
+study definition: re-running the same sweep produces the same keys (finished trials are skipped),
+and changing anything that defines the measurement produces new keys (nothing stale is reused).
 
-Trial ids are derived from the point index, never from the store's ``next_trial_id`` at run time, so
-a resumed sweep writes exactly the trials (ids, seeds, metaparameters) an uninterrupted one would.
-A grown budget (round ``r`` > 0) re-runs the same points with ids offset by ``r * MAX_TRIALS_PER_STUDY``.
+Trial ids are unique per (workload, batch size) across the store. Each study definition gets its
+own *block* of ids, ``block * MAX_TRIALS_PER_STUDY + point``: a study whose trials are already in
+the store keeps the block they are in (found by key, so a resumed sweep writes the ids an
+uninterrupted one would), and a new definition takes the lowest block that holds no trial at all
+(:func:`allocate_blocks`). So sweeps with other settings on the same store are kept apart, not
+refused. Seeds derive from the point index, never from the store.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from batchlab.errors import BatchlabError
 from batchlab.sweep.config import MAX_TRIALS_PER_STUDY
 
 
@@ -24,32 +31,80 @@ def store_workload_name(workload: str, optimizer: str) -> str:
     return f"{workload}/{optimizer}"
 
 
-def study_digest(
-    *, steps: int, train_examples: int | None, stop_at_goal: bool, search_space: dict[str, Any],
-    evaluations: int | None = None,
-) -> str:
-    """A 10-hex-digit digest of a study's definition beyond its workload, optimizer and batch size."""
-    definition = {"steps": int(steps), "train_examples": train_examples, "stop_at_goal": bool(stop_at_goal),
-                  "search_space": search_space}
-    if evaluations is not None:  # absent keeps the digests of sweeps made before the option existed
-        definition["evaluations"] = int(evaluations)
-    payload = json.dumps(
-        definition,
-        sort_keys=True, separators=(",", ":"), default=str,
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()[:10]
+def sweep_id(settings: Mapping[str, Any]) -> str:
+    """12 hex digits naming a sweep: the sha256 of the canonical JSON of ``settings``.
+
+    ``settings`` are the sweep's settings that define its measurements (the budget rule, training
+    examples, seed, stop at goal, evaluation schedule, search spaces, schedule), not how it runs
+    (workers, executor, vectorization) nor which workloads, optimizers and batch sizes it covers (a
+    sweep extended by a batch size keeps its id). See :meth:`batchlab.sweep.plan.sweep_settings`.
+    """
+    from batchlab.store.studies import canonical_json
+
+    return hashlib.sha256(canonical_json(dict(settings)).encode("utf-8")).hexdigest()[:12]
 
 
 def trial_key(workload: str, optimizer: str, batch_size: int, point_index: int, seed: int, digest: str) -> str:
-    """The trial's stable key, e.g. ``mnist/fc_128_128_128/sgd|b=64|point=3|seed=0|study=1a2b3c4d5e``."""
+    """The trial's stable key, e.g. ``mnist/fc_128_128_128/sgd|b=64|point=3|seed=0|study=1a2b3c4d5e6f``."""
     return f"{store_workload_name(workload, optimizer)}|b={int(batch_size)}|point={int(point_index)}|seed={int(seed)}|study={digest}"
 
 
-def trial_id(point_index: int, budget_round: int = 0) -> int:
-    """The trial id in its study: the point index, offset by the budget round."""
+def trial_id(point_index: int, block: int = 0) -> int:
+    """The trial id of point ``point_index`` in id block ``block``."""
     if not 0 <= point_index < MAX_TRIALS_PER_STUDY:
         raise ValueError(f"point index must be in [0, {MAX_TRIALS_PER_STUDY}), got {point_index}")
-    return int(budget_round) * MAX_TRIALS_PER_STUDY + int(point_index)
+    if block < 0:
+        raise ValueError(f"id block must be >= 0, got {block}")
+    return int(block) * MAX_TRIALS_PER_STUDY + int(point_index)
+
+
+def allocate_blocks(
+    wanted: Iterable[tuple[tuple[str, int], str, list[tuple[int, str]]]],
+    held: Mapping[tuple[str, int], Mapping[int, str]],
+) -> list[int]:
+    """The id block of each wanted study, in order.
+
+    ``wanted``: per study ``((workload, batch_size), name, [(point_index, trial_key), ...])``;
+    ``held``: the store's trials, ``{(workload, batch_size): {trial_id: trial_key}}``. A study
+    with a trial in the store keeps that trial's block; any other takes the lowest block of its
+    (workload, batch size) that holds no stored trial and no block given out before it. Deterministic
+    given the store, so a resumed sweep gets the blocks of the interrupted one.
+
+    Raises:
+        BatchlabError: a study's stored trials sit in two blocks or off their point's id, or a planned
+            id in its block is held by a trial of another key (a trial written into the block by hand
+            or by ``batchlab train``).
+    """
+    wanted = list(wanted)
+    taken: dict[tuple[str, int], set[int]] = {}
+    for place, ids in held.items():
+        taken[place] = {int(i) // MAX_TRIALS_PER_STUDY for i in ids}
+    by_key = {place: {key: int(i) for i, key in ids.items()} for place, ids in held.items()}
+    blocks: list[int | None] = []
+    for place, name, trials in wanted:  # first the studies already (partly) in the store
+        stored = by_key.get(place, {})
+        found = {(stored[key] - point) for point, key in trials if key in stored}
+        if len(found) > 1 or any(b < 0 or b % MAX_TRIALS_PER_STUDY for b in found):
+            raise BatchlabError(f"the store's trials of {name} do not follow one id block; allowed: a store "
+                                "written by batchlab sweep (or another --store)")
+        blocks.append(found.pop() // MAX_TRIALS_PER_STUDY if found else None)
+    for index, (place, name, trials) in enumerate(wanted):
+        if blocks[index] is None:
+            used = taken.setdefault(place, set())
+            block = 0
+            while block in used:
+                block += 1
+            blocks[index] = block
+        taken.setdefault(place, set()).add(blocks[index])
+        ids = held.get(place, {})
+        for point, key in trials:
+            other = ids.get(trial_id(point, blocks[index]))
+            if other is not None and other != key:
+                raise BatchlabError(
+                    f"trial id {trial_id(point, blocks[index])} of {name} is held by another trial (key "
+                    f"{other!r}); allowed: a store where batchlab sweep owns its id blocks, or another --store"
+                )
+    return [int(b) for b in blocks]
 
 
 def trial_seed(sweep_seed: int, point_index: int) -> int:

@@ -8,10 +8,14 @@ trial (sequential) or up to ``vectorize_trials`` trials as one batched computati
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
-from batchlab.sweep.config import SweepConfig
-from batchlab.sweep.keys import store_workload_name, study_digest, trial_id, trial_key, trial_seed
+from batchlab.sweep.config import SweepConfig, steps_from_rule
+from batchlab.sweep.keys import store_workload_name, sweep_id, trial_id, trial_key, trial_seed
+
+#: Hyperparameters counted in steps that a grown budget stretches by the same factor as the budget.
+STRETCHED_PARAMETERS = ("learning_rate_decay_steps", "warmup_steps")
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,12 @@ class TrialPlan:
 class StudyPlan:
     """One study: a workload and optimizer at one batch size with one step budget.
 
-    ``budget_round`` is 0 for the configured budget and ``r`` for the ``r``-th growth.
+    ``budget_round`` is 0 for the budget of the sweep's rule and ``r`` for the ``r``-th growth;
+    ``base_steps`` is the round-0 budget, so a grown study's schedule is stretched by
+    ``steps / base_steps`` (:attr:`stretch`). ``id_block`` is the study's block of trial ids in the
+    store (:func:`batchlab.sweep.keys.allocate_blocks`). ``sweep`` is the sweep id, ``budget_rule``
+    the sweep's step-budget rule and ``evaluation`` its evaluation schedule (all three enter the
+    study definition).
     """
 
     workload: str
@@ -47,6 +56,12 @@ class StudyPlan:
     evaluations: int | None = None
     budget_round: int = 0
     points: tuple[dict[str, Any], ...] = field(default=(), compare=False, repr=False)
+    base_steps: int | None = None
+    id_block: int = 0
+    sweep: str = ""
+    budget_rule: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    resolution: float = 0.05
+    evaluation: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def store_workload(self) -> str:
@@ -56,15 +71,40 @@ class StudyPlan:
     @property
     def name(self) -> str:
         """A short label: ``dataset/model/optimizer b=64`` (plus the round when grown)."""
-        grown = f" (budget x{self.budget_round} grown)" if self.budget_round else ""
+        grown = f" (budget round {self.budget_round})" if self.budget_round else ""
         return f"{self.store_workload} b={self.batch_size}{grown}"
 
     @property
+    def stretch(self) -> float:
+        """How much longer this round's budget is than round 0's (1.0 in round 0)."""
+        return self.steps / self.base_steps if self.base_steps else 1.0
+
+    @property
+    def stretched_search_space(self) -> dict[str, Any]:
+        """The search space with the step-counted ranges (:data:`STRETCHED_PARAMETERS`) stretched."""
+        return stretch_search_space(self.search_space, self.stretch)
+
+    @cached_property
+    def definition(self) -> dict[str, Any]:
+        """The study definition (:func:`batchlab.store.studies.make_study_definition`) of this study."""
+        from batchlab.store.studies import make_study_definition
+
+        evaluation = dict(self.evaluation) or {"rule": "geometric", "resolution": self.resolution}
+        stop_rule = ({"metric": self.metric, "goal": float(self.goal), "maximize": bool(self.maximize)}
+                     if self.stop_at_goal else None)
+        return make_study_definition(
+            workload=self.store_workload, batch_size=self.batch_size, train_steps=self.steps,
+            train_examples=self.train_examples, search_space=self.stretched_search_space, evaluation=evaluation,
+            stop_rule=stop_rule, seed=self.seed, source="batchlab", sweep=self.sweep,
+            budget_round=self.budget_round, budget_rule=self.budget_rule, schedule_stretch=self.stretch,
+        )
+
+    @cached_property
     def digest(self) -> str:
-        """Digest of the study definition that enters every trial key."""
-        return study_digest(steps=self.steps, train_examples=self.train_examples,
-                            stop_at_goal=self.stop_at_goal, search_space=self.search_space,
-                            evaluations=self.evaluations)
+        """The study id of :attr:`definition`; it enters every trial key."""
+        from batchlab.store.studies import study_id
+
+        return study_id(self.definition)
 
     def trial_plans(self) -> list[TrialPlan]:
         """The study's trials in point order (``len == trials``)."""
@@ -72,17 +112,48 @@ class StudyPlan:
         return [
             TrialPlan(
                 key=trial_key(self.workload, self.optimizer, self.batch_size, i, self.seed, digest),
-                trial_id=trial_id(i, self.budget_round),
+                trial_id=trial_id(i, self.id_block),
                 point_index=i,
                 seed=trial_seed(self.seed, i),
-                hyperparameters=dict(point),
+                hyperparameters=stretch_point(point, self.stretch),
             )
             for i, point in enumerate(self.points)
         ]
 
     def grown(self, factor: float) -> "StudyPlan":
-        """The same study with its step budget multiplied by ``factor`` (next budget round)."""
-        return replace(self, steps=int(round(self.steps * factor)), budget_round=self.budget_round + 1)
+        """The same study with its step budget multiplied by ``factor`` (next budget round; the id block
+        is given by the caller)."""
+        return replace(self, steps=int(round(self.steps * factor)), budget_round=self.budget_round + 1,
+                       base_steps=self.base_steps or self.steps)
+
+
+def stretch_point(point: dict[str, Any], factor: float) -> dict[str, Any]:
+    """``point`` with its step-counted hyperparameters (decay and warmup steps) multiplied by ``factor``."""
+    out = dict(point)
+    if factor == 1.0:
+        return out
+    for name in STRETCHED_PARAMETERS:
+        value = out.get(name)
+        if value is not None:
+            out[name] = max(1 if name == "learning_rate_decay_steps" else 0, int(round(value * factor)))
+    return out
+
+
+def stretch_search_space(space: dict[str, Any], factor: float) -> dict[str, Any]:
+    """``space`` (batch_science form) with the ranges of the step-counted parameters multiplied by ``factor``."""
+    if factor == 1.0:
+        return dict(space)
+    out = {}
+    for name, config in space.items():
+        config = dict(config)
+        if name in STRETCHED_PARAMETERS:
+            for bound in ("min_value", "max_value"):
+                if bound in config:
+                    config[bound] = int(round(config[bound] * factor))
+            if "feasible_points" in config:
+                config["feasible_points"] = [int(round(v * factor)) for v in config["feasible_points"]]
+        out[name] = config
+    return out
 
 
 @dataclass(frozen=True)
@@ -105,25 +176,51 @@ class TrialTask:
         return float(self.study.steps) * max(self.study.batch_size, 32) * len(self.trials)
 
 
+def sweep_settings(config: SweepConfig) -> dict[str, Any]:
+    """The settings that define a sweep's measurements, which its :func:`~batchlab.sweep.keys.sweep_id`
+    digests: the budget rule's settings, training examples, seed, stop at goal, evaluation schedule,
+    search spaces and schedule. Not included: workloads, optimizers and batch sizes (each study's
+    definition names its own), the number of trials (a larger sweep re-uses the first points), growth
+    settings (grown rounds have definitions of their own), the analysis goal, and how the sweep runs."""
+    return {
+        "steps": config.steps, "budget_epochs": config.budget_epochs, "min_steps": config.min_steps,
+        "max_steps": config.max_steps, "budgets": {str(b): s for b, s in sorted(config.budgets.items())},
+        "train_examples": config.train_examples, "seed": config.seed, "stop_at_goal": config.stop_at_goal,
+        "evaluations": config.evaluations, "resolution": config.resolution, "schedule": config.schedule,
+        "search_spaces": config.search_spaces,
+    }
+
+
+def _evaluation(workload, config: SweepConfig) -> dict[str, Any]:
+    """The study definition's ``evaluation``: the workload's schedule at ``config.resolution`` (goal
+    metric) with ``config.evaluations`` regular evaluations of every metric (absent: the workload's)."""
+    described = workload.evaluation_schedule(num_regular=config.evaluations, resolution=config.resolution).describe()
+    return {"rule": "geometric", **described}
+
+
 def plan_studies(config: SweepConfig) -> list[StudyPlan]:
     """Every study of ``config`` (workloads x optimizers x batch sizes), with sampled search-space points.
 
     The points of a study are ``space.sample(trials, seed=config.seed)``; they do not depend on the
-    batch size, so every study of one (workload, optimizer) searches the same points.
+    batch size (except the decay range of a ``schedule = "linear"`` default space, which follows each
+    study's budget), so every study of one (workload, optimizer) searches the same unit points.
     """
     from batchlab.search import SearchSpace, default_search_space
     from batchlab.workloads import get_workload
 
+    sweep = sweep_id(sweep_settings(config))
     studies = []
     for workload_name in config.workloads:
         workload = get_workload(workload_name)
+        rule = config.budget_rule(workload)
+        evaluation = _evaluation(workload, config)
         for optimizer in config.optimizers:
             for batch_size in config.batch_sizes:
-                steps = config.study_steps(workload.default_steps, batch_size)
+                steps = steps_from_rule(rule, batch_size)
                 if optimizer in config.search_spaces:
                     space = SearchSpace.from_batch_science(config.search_spaces[optimizer])
                 else:
-                    space = default_search_space(optimizer, train_steps=steps)
+                    space = default_search_space(optimizer, train_steps=steps, schedule=config.schedule)
                 studies.append(
                     StudyPlan(
                         workload=workload.name, optimizer=optimizer, batch_size=batch_size, steps=steps,
@@ -132,6 +229,8 @@ def plan_studies(config: SweepConfig) -> list[StudyPlan]:
                         metric=workload.metric, goal=float(workload.goal), maximize=bool(workload.maximize),
                         evaluations=config.evaluations,
                         points=tuple(space.sample(config.trials, seed=config.seed)),
+                        base_steps=steps, sweep=sweep, budget_rule=rule, resolution=config.resolution,
+                        evaluation=evaluation,
                     )
                 )
     return studies

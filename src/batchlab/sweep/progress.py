@@ -1,11 +1,16 @@
 """How a sweep reports: a rich progress display, or JSON lines.
 
 :class:`RichReporter` shows one progress row per study (trials done / diverged / remaining, ETA) and
-an overall row on stderr, then prints the steps-to-result table (batch size x workload) and the
-fitted critical batch sizes (named definitions) on stdout. :class:`JsonReporter` prints one JSON
-object per line on stdout instead: ``plan``, ``trial``, ``worker_lost``, ``budget_grown``,
-``steps_to_result`` (one per workload and batch size), ``critical_batch_size`` (one per workload)
-and ``done``.
+an overall row on stderr, then prints on stdout the steps-to-result table (one row per workload and
+batch size: budget, the bracket ``(steps_lower, steps]``, or ``> censored_at`` when not reached,
+best trial, trials that reached the goal, the regime read from the data, the study id) and the
+S(B) fit with the critical batch sizes (named definitions; data-read regimes with their reasons).
+Every number comes from this sweep's own trials only (:func:`batchlab.sweep.runner.summarize`).
+:class:`JsonReporter` prints one JSON object per line on stdout instead: ``plan``, ``trial``,
+``worker_lost``, ``budget_grown``, ``steps_to_result`` (one per workload and batch size, with
+``steps_lower``, ``censored_at``, ``budget``, ``budget_round``, ``study_id`` and ``sweep``),
+``critical_batch_size`` (one per workload: :func:`batchlab.analysis.critical_batch_size.summarize_curve`)
+and ``done``. docs/methods.md, "Sweeps", defines each quantity.
 """
 
 from __future__ import annotations
@@ -44,8 +49,11 @@ class JsonReporter(Reporter):
     def start(self, plan: SweepPlan, progress: list[StudyProgress], info: dict) -> None:
         _line(self.stream, {
             "event": "plan", "studies": len(progress), "trials": sum(p.total for p in progress), **info,
-            "batch_sizes": plan.config.batch_sizes, "workloads": plan.config.workloads,
+            "sweep": plan.sweep_id, "batch_sizes": plan.config.batch_sizes, "workloads": plan.config.workloads,
             "optimizers": plan.config.optimizers,
+            "budgets": [{"workload": p.study.store_workload, "batch_size": p.study.batch_size,
+                         "steps": p.study.steps, "study_id": p.study.digest} for p in progress],
+            "budget_rule": {p.study.workload: p.study.budget_rule for p in progress},
         })
 
     def trial(self, progress: StudyProgress, outcome: TrialOutcome, totals: dict) -> None:
@@ -53,7 +61,8 @@ class JsonReporter(Reporter):
         _line(self.stream, {
             "event": "trial", "workload": study.store_workload, "batch_size": study.batch_size,
             "trial_id": outcome.trial_id, "trial_key": outcome.key, "status": outcome.status,
-            "steps": outcome.steps, "steps_to_goal": outcome.steps_to_goal, "budget": study.steps,
+            "steps": outcome.steps, "steps_to_goal": outcome.steps_to_goal, "steps_lower": outcome.steps_lower,
+            "budget": study.steps, "budget_round": study.budget_round, "study_id": study.digest,
             "vectorized": outcome.vectorized, "wall_time_s": round(outcome.wall_time_s, 4),
             "study_done": progress.done, "study_diverged": progress.diverged, "study_remaining": progress.remaining,
         })
@@ -63,12 +72,14 @@ class JsonReporter(Reporter):
 
     def budget_grown(self, old, new) -> None:
         _line(self.stream, {"event": "budget_grown", "workload": old.store_workload, "batch_size": old.batch_size,
-                            "from_steps": old.steps, "to_steps": new.steps, "round": new.budget_round})
+                            "from_steps": old.steps, "to_steps": new.steps, "round": new.budget_round,
+                            "schedule_stretch": new.stretch, "study_id": new.digest})
 
     def finish(self, summary: SweepSummary) -> None:
         for workload, rows in summary.results.items():
             for row in rows:
-                _line(self.stream, {"event": "steps_to_result", **summary.goals.get(workload, {}), **row.to_dict()})
+                _line(self.stream, {"event": "steps_to_result", **summary.goals.get(workload, {}),
+                                    **result_fields(summary, workload, row)})
         for workload, fit in summary.fits.items():
             if fit is None:
                 _line(self.stream, {"event": "critical_batch_size", "workload": workload, "fit": None,
@@ -76,7 +87,7 @@ class JsonReporter(Reporter):
             else:
                 _line(self.stream, {"event": "critical_batch_size", "workload": workload, **fit})
         _line(self.stream, {
-            "event": "done", "store": summary.store_path, "wall_time_s": round(summary.wall_time_s, 3),
+            "event": "done", "sweep": summary.sweep_id, "store": summary.store_path, "wall_time_s": round(summary.wall_time_s, 3),
             "trials_run": summary.trials_run, "trials_skipped": summary.trials_skipped,
             "workers_lost": summary.workers_lost, "budgets_grown": summary.grown,
             "executor": summary.executor, "workers": summary.workers,
@@ -144,7 +155,8 @@ class RichReporter(Reporter):
 
     def budget_grown(self, old, new) -> None:
         note = (f"budget grown: {old.store_workload} b={old.batch_size}: every trial ran out of steps before the "
-                f"goal at {old.steps} steps; re-running its points with {new.steps} steps")
+                f"goal at {old.steps} steps (no trial reached it; diverged and stopped-at-goal trials ignored); "
+                f"re-running its points with {new.steps} steps, decay and warmup steps stretched x{new.stretch:g}")
         self._notes.append(note)
         self._progress.console.print(f"[yellow]{note}")
         key = (old.store_workload, old.batch_size)
@@ -156,59 +168,155 @@ class RichReporter(Reporter):
         if self._progress is not None:
             self._refresh_overall()
             self._progress.stop()
-        workloads = list(summary.results)
-        batch_sizes = sorted({r.batch_size for rows in summary.results.values() for r in rows})
         goals = "; ".join(sorted({f"{g['metric']} {'>' if g['maximize'] else '<'} {g['goal']:g}"
                                   for g in summary.goals.values()}))
-        table = Table(title=f"steps to result ({goals})", caption="updates until the goal was beaten (best trial "
-                      "id, trials that reached the goal / COMPLETE trials)")
-        table.add_column("batch size", justify="right")
-        for w in workloads:
-            table.add_column(w, justify="right")
-        by = {(w, r.batch_size): r for w, rows in summary.results.items() for r in rows}
-        for b in batch_sizes:
-            cells = []
-            for w in workloads:
-                r = by.get((w, b))
-                if r is None:
-                    cells.append("-")
-                elif r.steps is None:
-                    cells.append(f"not reached ({r.n_reached}/{r.n_trials})")
-                else:
-                    cells.append(f"{r.steps} (#{r.trial_id}, {r.n_reached}/{r.n_trials})")
-            table.add_row(str(b), *cells)
+        table = Table(
+            title=f"steps to result ({goals}), sweep {summary.sweep_id}: this sweep's trials only",
+            caption="(lower, upper]: the goal was first met after more than lower and at most upper updates "
+                    "(evaluation resolution); > N: not reached by any trial within N evaluated steps (censored); "
+                    "upper bound: one-sided upper bound on the median best-of-K-trials steps (K = trials analysed; "
+                    "no distribution-free lower bound exists); reached: trials that reached the goal / trials "
+                    "analysed (COMPLETE, STOPPED_AT_GOAL), other trials in parentheses (infeasible: diverged); "
+                    "regime: read from the measured points")
+        for column in ("workload", "batch size", "budget", "steps to result", "upper bound", "best trial", "reached",
+                       "regime", "study"):
+            table.add_column(column, justify="left" if column in ("workload", "regime", "study") else "right")
+        for w, rows in summary.results.items():
+            for r in rows:
+                fields = result_fields(summary, w, r)
+                budget = "-" if fields["budget"] is None else str(fields["budget"])
+                if fields["budget_round"]:
+                    budget += f" (round {fields['budget_round']})"
+                upper = (fields.get("steps_interval") or [None, None])[1]
+                reached = f"{r.n_reached}/{r.n_trials}"
+                others = {k: v for k, v in fields["statuses"].items() if k not in ("COMPLETE", "STOPPED_AT_GOAL")}
+                if others:
+                    reached += " (" + ", ".join(f"{v} {k.lower()}" for k, v in sorted(others.items())) + ")"
+                table.add_row(w, str(r.batch_size), budget, bracket_text(fields), _fmt(upper, "-"),
+                              "-" if r.trial_id is None else f"#{r.trial_id}", reached,
+                              fields.get("regime") or "-", fields["study_id"] or "-")
         self.out.print(table)
-        fits = Table(title="fitted S(B) = S_min + E_min / B and critical batch sizes")
-        for column in ("workload", "S_min", "E_min", "mccandlish_b_crit", "overhead_20pct", "perfect_scaling_end",
-                       "maximal_parallelism_start", "rms log resid"):
+        fits = Table(title="fitted S(B) = S_min + E_min / B (censored batch sizes as lower bounds)")
+        for column in ("workload", "S_min fit", "S_min measured", "E_min", "rms log resid", "batch sizes", "points",
+                       "censored", "B0"):
             fits.add_column(column, justify="right" if column != "workload" else "left")
-        definitions = {}
+        named_table = Table(title="critical batch sizes (data: read from the measured points; fit: from the fit)",
+                            caption="interval: nominal level in parentheses, - : no bound on that side, none: no "
+                                    "interval (data-read values are measured batch sizes; see the note for fitted "
+                                    "ones); targets and methods below")
+        for column in ("workload", "name", "value", "interval", "source", "note"):
+            named_table.add_column(column, justify="right" if column in ("value", "interval") else "left")
+        methods: dict[str, str] = {}
+        definitions: dict[str, str] = {}
         for w, fit in summary.fits.items():
             if fit is None:
-                fits.add_row(w, "-", "-", "-", "-", "-", "-", "-")
+                fits.add_row(w, *(["-"] * 8))
                 self._notes.append(f"no fit for {w}: {summary.fit_errors.get(w, 'no fit')}")
                 continue
-            named = fit["critical_batch_sizes"]
-            definitions.update({k: v["definition"] for k, v in named.items()})
-            f = fit["fit"]
-            fits.add_row(w, _fmt(f["s_min"]), _fmt(f["e_min"]), *(_fmt(named[k]["value"]) for k in (
-                "mccandlish_b_crit", "overhead_20pct", "perfect_scaling_end", "maximal_parallelism_start")),
-                _fmt(f["rms_log_residual"]))
+            f = fit.get("fit", {})
+            s_min = fit.get("s_min", {})
+            measured = s_min.get("measured") if isinstance(s_min, dict) else None
+            if isinstance(measured, dict):
+                text = _fmt(measured.get("value"), "-")
+                if measured.get("value") is not None and measured.get("plateau_seen") is False:
+                    text += " (upper bound: no plateau)"
+                measured = text
+            else:
+                measured = _fmt(measured, "-")
+            span = fit.get("batch_size_range") or [None, None]
+            intervals = fit.get("fit_intervals") or {}
+
+            def with_interval(name: str) -> str:
+                entry = intervals.get(name)
+                text = _fmt(f.get(name))
+                return text if not isinstance(entry, dict) else f"{text} {_interval_text(entry, fit)}"
+
+            fits.add_row(w, with_interval("s_min"), measured, with_interval("e_min"), _fmt(f.get("rms_log_residual"), "-"),
+                         "-" if span[0] is None else f"{_fmt(span[0])}-{_fmt(span[1])}",
+                         _fmt(fit.get("points_used"), "-"), _fmt(fit.get("censored_batch_sizes") or None, "-"),
+                         _fmt(fit.get("b0"), "-"))
+            for name, entry in fit.get("critical_batch_sizes", {}).items():
+                definitions.setdefault(name, entry.get("definition", ""))
+                note = entry.get("reason") or entry.get("note") or ""
+                described = entry.get("interval") or {}
+                if (isinstance(described, dict) and described.get("note") and entry.get("source") != "data"
+                        and entry.get("low") is None and entry.get("high") is None):
+                    text = str(described["note"])
+                    text = text if text.startswith("no interval") else f"no interval: {text}"
+                    note = (note + "; " if note else "") + text
+                if entry.get("interpolated"):
+                    note = (note + "; " if note else "") + "interpolated between measured batch sizes"
+                named_table.add_row(w, name, _fmt(entry.get("value"), "null"), _interval_text(entry, fit),
+                                    str(entry.get("source", "")), note)
+                if isinstance(described, dict) and described.get("target"):
+                    methods.setdefault(f"{described['target']}: {described.get('method', '')}", name)
+            if fit.get("extrapolated") and not any("extrapolated" in str(x) for x in fit.get("warnings", [])):
+                self._notes.append(f"{w}: B_crit of the fit lies outside the measured batch sizes (extrapolated)")
+            shown = [str(e.get("reason")) for e in fit.get("critical_batch_sizes", {}).values() if e.get("reason")]
+            for warning in fit.get("warnings", []):
+                if not any(reason in str(warning) for reason in shown):  # null values' reasons are in the table
+                    self._notes.append(f"{w}: warning: {warning}")
         self.out.print(fits)
+        self.out.print(named_table)
         for name, text in definitions.items():
             self.out.print(f"  {name}: {text}")
+        for text in methods:
+            self.out.print(f"  interval target and method: {text}")
         for note in self._notes:
             self.out.print(note)
         self.out.print(
             f"{summary.trials_run} trials run, {summary.trials_skipped} already finished, "
             f"{summary.workers_lost} lost to dead workers and re-run; {summary.wall_time_s:.1f} s; "
-            f"store {summary.store_path}"
+            f"store {summary.store_path}; sweep {summary.sweep_id}"
         )
 
 
-def _fmt(value: Any) -> str:
+def result_fields(summary: SweepSummary, workload: str, row) -> dict[str, Any]:
+    """The JSON fields of one steps-to-result row: the analysis' own (``to_dict``), the bracket
+    (``steps_lower``, ``censored_at``), and the study it comes from (``budget``, ``budget_round``,
+    ``study_id``, ``sweep``, and ``budget_rounds``: every round run at that batch size)."""
+    fields = dict(row.to_dict())
+    fields.setdefault("steps_lower", getattr(row, "steps_lower", None))
+    fields.setdefault("censored_at", getattr(row, "censored_at", None))
+    rounds = summary.studies.get(workload, {}).get(row.batch_size, [])
+    used = next((r for r in rounds if r.get("reported")), rounds[-1] if rounds else {})
+    fields.update({"budget": used.get("steps"), "budget_round": used.get("budget_round", 0),
+                   "study_id": used.get("study_id"), "sweep": summary.sweep_id, "budget_rounds": rounds,
+                   "statuses": dict(summary.statuses.get(workload, {}).get(row.batch_size, {}))})
+    fit = summary.fits.get(workload) or {}
+    for point in fit.get("regimes", []):
+        if isinstance(point, dict) and point.get("batch_size") == row.batch_size:
+            fields.update({k: v for k, v in point.items() if k.startswith("steps_interval") or k in
+                           ("regime", "fit_regime", "regime_fractions")})
+    return fields
+
+
+def _interval_text(entry: dict, fit: dict) -> str:
+    """``[low, high] (90%)`` of a named value, ``-`` for a missing side; ``-`` when it has no interval."""
+    if "low" not in entry and "high" not in entry:
+        return "-"
+    if entry.get("low") is None and entry.get("high") is None:
+        return "none"
+    level = fit.get("level")
+    suffix = f" ({100 * level:.0f}%)" if isinstance(level, (int, float)) else ""
+    return f"[{_fmt(entry.get('low'), '-')}, {_fmt(entry.get('high'), '-')}]{suffix}"
+
+
+def bracket_text(fields: dict[str, Any]) -> str:
+    """``(lower, upper]`` when reached, ``> N`` (censored) or ``not reached`` otherwise."""
+    if fields.get("steps") is not None:
+        lower = fields.get("steps_lower")
+        return str(fields["steps"]) if lower is None else f"({lower}, {fields['steps']}]"
+    if fields.get("censored_at") is not None:
+        return f"> {fields['censored_at']}"
+    return "not reached"
+
+
+def _fmt(value: Any, none: str = "inf") -> str:
     if value is None:
-        return "inf"
+        return none
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return f"{value:.0f}" if value.is_integer() and abs(value) < 1e15 else f"{value:.4g}"
+    if isinstance(value, list):
+        return ", ".join(_fmt(v, none) for v in value)
     return str(value)

@@ -1,10 +1,16 @@
 """The sweep driver: plan, skip what is finished, run the rest on an executor, publish, summarize.
 
 Flow: :func:`prepare_sweep` validates everything that can be checked without training (names,
-search spaces, batch sizes against the training set, metaparameters against the optimizer, trial
-ids already in the store under other keys) and writes nothing. :func:`run_sweep` then opens (or
-creates) the store, skips trials whose keys are published, submits the rest as tasks, and publishes
-each finished task's trials in one atomic store commit. The driver is the only writer, so:
+search spaces, batch sizes against the training set, metaparameters against the optimizer, an
+analysis goal the stop rule could not answer) and gives every study (every budget round the growth
+rule may add included) its block of trial ids in the store (:func:`batchlab.sweep.keys.allocate_blocks`:
+a study already in the store keeps its block, a new study definition takes a free one, so sweeps
+with other settings on one store are kept apart); it writes nothing. :func:`run_sweep` then opens
+(or creates) the store, skips trials whose keys are published, submits the rest as tasks, and
+publishes each finished task's trials, with their study definition, in one atomic store commit.
+The summary (steps to result per batch size, S(B) fits) reads only this sweep's own trials: the
+planned trials of the budget rounds it ran, never other trials in the store for that workload
+and batch size. The driver is the only writer, so:
 
 * a SIGKILL of the driver loses the tasks in flight (workers die with it) and nothing else; the
   next run skips every published trial and re-runs the others, with the same ids, seeds and points;
@@ -24,7 +30,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from batchlab.errors import BatchlabError
@@ -55,12 +61,26 @@ class StudyProgress:
 
 @dataclass
 class SweepPlan:
-    """A validated sweep, ready to run: its config and studies (round 0)."""
+    """A validated sweep, ready to run: its config, studies (round 0) and id blocks.
+
+    ``blocks``: ``{(store workload, batch size, budget round): id block}`` for every round the growth
+    rule may add; ``sweep_id``: the sweep's id (:func:`batchlab.sweep.keys.sweep_id`).
+    """
 
     config: SweepConfig
     store_path: str
     studies: list[StudyPlan]
     num_parameters: dict[str, int] = field(default_factory=dict)
+    blocks: dict[tuple[str, int, int], int] = field(default_factory=dict)
+    sweep_id: str = ""
+
+    def grown(self, study: StudyPlan) -> StudyPlan:
+        """The next budget round of ``study``, in its id block."""
+        bigger = study.grown(self.config.grow_factor)
+        block = self.blocks.get((bigger.store_workload, bigger.batch_size, bigger.budget_round))
+        if block is None:  # pragma: no cover - prepare_sweep plans every round the rule may add
+            raise BatchlabError(f"no id block planned for {bigger.name}")
+        return replace(bigger, id_block=block)
 
 
 class Reporter:
@@ -90,6 +110,12 @@ class SweepSummary:
     executor: str
     workers: int
     goals: dict[str, dict] = field(default_factory=dict)  # store workload -> {metric, goal, maximize}
+    sweep_id: str = ""
+    # store workload -> batch size -> [{"budget_round", "steps", "study_id", "trials", "reported"}] of the
+    # rounds run; "reported": the round whose trials the table uses (the last one)
+    studies: dict[str, dict[int, list[dict]]] = field(default_factory=dict)
+    # store workload -> batch size -> {status: trials} of the reported round (all statuses, published trials)
+    statuses: dict[str, dict[int, dict[str, int]]] = field(default_factory=dict)
 
 
 def prepare_sweep(config: SweepConfig, store_path: str | None = None) -> SweepPlan:
@@ -138,8 +164,31 @@ def prepare_sweep(config: SweepConfig, store_path: str | None = None) -> SweepPl
                 resolve_hyperparameters(study.optimizer, point)
             except BatchlabError as exc:
                 raise BatchlabError(f"search space of {study.optimizer}: {exc}") from None
-    _check_store_ids(path, _studies_with_growths(config, studies))
-    return SweepPlan(config=config, store_path=str(path), studies=studies, num_parameters=num_parameters)
+    _check_goal(config, studies)
+    every = _studies_with_growths(config, studies)
+    blocks = _allocate_blocks(path, every)
+    studies = [replace(s, id_block=blocks[(s.store_workload, s.batch_size, 0)]) for s in studies]
+    return SweepPlan(config=config, store_path=str(path), studies=studies, num_parameters=num_parameters,
+                     blocks=blocks, sweep_id=studies[0].sweep if studies else "")
+
+
+def _check_goal(config: SweepConfig, studies: list[StudyPlan]) -> None:
+    """BatchlabError when trials stop at the workload's goal but the table asks for a stricter one.
+
+    A trial stopped at goal ``g`` says nothing about a stricter goal (it stopped before it could
+    reach it), so such a sweep would report every batch size as not reached and grow budgets for
+    nothing."""
+    if config.goal is None or not config.stop_at_goal:
+        return
+    for study in studies:
+        stricter = config.goal > study.goal if study.maximize else config.goal < study.goal
+        if stricter:
+            op = ">" if study.maximize else "<"
+            raise BatchlabError(
+                f"goal {config.goal:g} is stricter than the goal {study.goal:g} ({study.metric} {op} {study.goal:g}) "
+                f"at which trials of {study.workload} stop; allowed: --no-stop-at-goal, or a goal no stricter "
+                f"than {study.goal:g}"
+            )
 
 
 def _studies_with_growths(config: SweepConfig, studies: list[StudyPlan]) -> list[StudyPlan]:
@@ -152,30 +201,34 @@ def _studies_with_growths(config: SweepConfig, studies: list[StudyPlan]) -> list
         for _ in range(config.max_budget_growths):
             study = study.grown(config.grow_factor)
             every.append(study)
-    return every
+    # Round 0 first: a round-0 study takes its block before any grown round of another batch size.
+    return sorted(every, key=lambda s: s.budget_round)
 
 
-def _check_store_ids(path: str, studies: list[StudyPlan]) -> None:
-    """BatchlabError if the store holds a planned trial id under another key (another sweep's settings)."""
+def _allocate_blocks(path: str, studies: list[StudyPlan]) -> dict[tuple[str, int, int], int]:
+    """The id block of every study (all rounds), from the trials in the store at ``path`` (if any)."""
     from pathlib import Path
 
     from batchlab.store import Store
+    from batchlab.sweep.keys import allocate_blocks
 
+    held: dict[tuple[str, int], dict[int, str]] = {}
     root = Path(path)
-    if not root.exists() or (root.is_dir() and not any(root.iterdir())):
-        return
-    store = Store.open(root, create=False)  # BatchlabError if it is something else
-    trials = store.table("trials").select(["workload", "batch_size", "trial_id", "trial_key"]).to_pylist()
-    held = {(t["workload"], t["batch_size"], t["trial_id"]): t["trial_key"] for t in trials}
-    for study in studies:
-        for trial in study.trial_plans():
-            key = held.get((study.store_workload, study.batch_size, trial.trial_id))
-            if key is not None and key != trial.key:
-                raise BatchlabError(
-                    f"store {path} already holds trial {trial.trial_id} of {study.store_workload} at batch size "
-                    f"{study.batch_size} from a sweep with other settings (key {key!r}); allowed: the same "
-                    "settings (to resume) or another --store"
-                )
+    if root.exists() and not (root.is_dir() and not any(root.iterdir())):
+        store = Store.open(root, create=False)  # BatchlabError if it is something else
+        wanted_workloads = {s.store_workload for s in studies}
+        trials = store.table("trials").select(["workload", "batch_size", "trial_id", "trial_key"]).to_pylist()
+        for t in trials:
+            if t["workload"] in wanted_workloads:
+                held.setdefault((t["workload"], int(t["batch_size"])), {})[int(t["trial_id"])] = t["trial_key"]
+        for header in store.pending_headers():  # trials being written by batchlab train
+            place = (header.get("workload"), header.get("batch_size"))
+            if place[0] in wanted_workloads and header.get("trial_id") is not None:
+                held.setdefault(place, {}).setdefault(int(header["trial_id"]), header.get("trial_key", ""))
+    wanted = [((s.store_workload, s.batch_size), s.name, [(t.point_index, t.key) for t in s.trial_plans()])
+              for s in studies]
+    blocks = allocate_blocks(wanted, held)
+    return {(s.store_workload, s.batch_size, s.budget_round): b for s, b in zip(studies, blocks)}
 
 
 def should_vectorize(config: SweepConfig, study: StudyPlan, num_parameters: int) -> bool:
@@ -252,7 +305,7 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
             return
         state = round_state[(*study_id(study), study.budget_round)]
         if ran_out_of_steps(_outcomes_by_key(store, study, state["keys"], analysis_goal(config, study)).values()):
-            bigger = study.grown(config.grow_factor)
+            bigger = plan.grown(study)
             entry = progress[study_id(study)]
             entry.total += bigger.trials
             grown.append({"workload": study.store_workload, "batch_size": study.batch_size,
@@ -308,7 +361,9 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
     else:
         executor.close()
 
-    summary = summarize(store, plan, time.perf_counter() - started, counters, grown, executor.kind, executor.workers)
+    used = [state["study"] for state in round_state.values()]
+    summary = summarize(store, plan, time.perf_counter() - started, counters, grown, executor.kind, executor.workers,
+                        used)
     reporter.finish(summary)
     return summary
 
@@ -322,9 +377,10 @@ def _publish(store, task: TrialTask, outcomes: list[TrialOutcome]) -> None:
         TrialRecord(
             workload=study.store_workload, batch_size=study.batch_size, trial_id=o.trial_id, trial_key=o.key,
             parameters=o.parameters, status=o.status, steps=o.steps, seed=o.seed, source="batchlab",
-            measurements=measurement_triples(o), search_space=study.search_space, train_steps=study.steps,
-            early_stopping=study.stop_at_goal,
+            measurements=measurement_triples(o), search_space=study.stretched_search_space,
+            train_steps=study.steps, early_stopping=study.stop_at_goal,
             tags={"metric": study.metric, "goal": study.goal, "maximize": study.maximize},
+            study_definition=study.definition,
         )
         for o in outcomes
     ]
@@ -361,14 +417,40 @@ def _outcomes_by_key(store, study: StudyPlan, keys: list[str], goal: float) -> d
 
 
 def summarize(store, plan: SweepPlan, wall_time_s: float, counters: dict, grown: list[dict], executor: str,
-              workers: int) -> SweepSummary:
-    """Steps to result per batch size (analysis.steps_to_result over the store) and the S(B) fits."""
-    from batchlab.analysis.critical_batch_size import summarize_curve
-    from batchlab.analysis.steps_to_result import steps_curve, steps_to_result
+              workers: int, studies: list[StudyPlan] | None = None) -> SweepSummary:
+    """Steps to result per batch size and the S(B) fits, from this sweep's own trials only.
 
+    ``studies``: the study rounds the sweep ran (default: round 0 of every study). At each batch size
+    the last round run (the largest budget; round 0 unless the budget grew) is reported: only its
+    planned trials enter the table (analysis.steps_to_result over a view of the store restricted to
+    their trial keys), so every row rests on one study definition, and trials of other sweeps,
+    ``batchlab train`` runs or imports at the same workload and batch size never enter. Statuses
+    analysed: COMPLETE and STOPPED_AT_GOAL.
+    """
+    from batchlab.analysis.steps_to_result import steps_to_result
+
+    studies = list(plan.studies) if studies is None else list(studies)
+    reported: dict[tuple[str, int], StudyPlan] = {}  # the last budget round run at each batch size
+    for s in studies:
+        place = (s.store_workload, s.batch_size)
+        if place not in reported or s.budget_round > reported[place].budget_round:
+            reported[place] = s
+    keys = [t.key for s in reported.values() for t in s.trial_plans()]
+    per_study: dict[str, dict[int, list[dict]]] = {}
+    for s in sorted(studies, key=lambda s: (s.batch_size, s.budget_round)):
+        per_study.setdefault(s.store_workload, {}).setdefault(s.batch_size, []).append(
+            {"budget_round": s.budget_round, "steps": s.steps, "study_id": s.digest, "trials": s.trials,
+             "reported": reported[(s.store_workload, s.batch_size)] is s})
+    statuses = _analysed_statuses()
     results, fits, errors, goals = {}, {}, {}, {}
     con = store.connect()
     try:
+        # This sweep's trials only: ``trials`` becomes a view of the planned keys.
+        _restrict_to_sweep(con, keys, [s.digest for s in reported.values()])
+        counts: dict[str, dict[int, dict[str, int]]] = {}
+        for workload, batch_size, status, n in con.execute(
+                "SELECT workload, batch_size, status, count(*) FROM trials GROUP BY ALL ORDER BY ALL").fetchall():
+            counts.setdefault(workload, {}).setdefault(int(batch_size), {})[status] = int(n)
         seen = set()
         for study in plan.studies:
             if study.store_workload in seen:
@@ -376,12 +458,13 @@ def summarize(store, plan: SweepPlan, wall_time_s: float, counters: dict, grown:
             seen.add(study.store_workload)
             goal = analysis_goal(plan.config, study)
             goals[study.store_workload] = {"metric": study.metric, "goal": goal, "maximize": study.maximize}
-            rows = steps_to_result(con, study.store_workload, study.metric, goal, maximize=study.maximize)
+            rows = steps_to_result(con, study.store_workload, study.metric, goal, maximize=study.maximize,
+                                   statuses=statuses)
             wanted = set(plan.config.batch_sizes)
             rows = [r for r in rows if r.batch_size in wanted]
             results[study.store_workload] = rows
             try:
-                fits[study.store_workload] = summarize_curve(steps_curve(rows, label=study.store_workload))
+                fits[study.store_workload] = _fit_summary(con, study, goal, rows, statuses)
             except BatchlabError as exc:
                 fits[study.store_workload] = None
                 errors[study.store_workload] = str(exc)
@@ -390,5 +473,58 @@ def summarize(store, plan: SweepPlan, wall_time_s: float, counters: dict, grown:
     return SweepSummary(
         store_path=plan.store_path, wall_time_s=wall_time_s, trials_run=counters["run"],
         trials_skipped=counters["skipped"], workers_lost=counters["lost"], grown=grown, results=results,
-        fits=fits, fit_errors=errors, executor=executor, workers=workers, goals=goals,
+        fits=fits, fit_errors=errors, executor=executor, workers=workers, goals=goals, sweep_id=plan.sweep_id,
+        studies=per_study, statuses=counts,
     )
+
+
+#: Trial-resampling replicates behind the regime shares of a sweep's summary (its intervals do not resample).
+SUMMARY_BOOT = 200
+
+
+def _restrict_to_sweep(con, keys: list[str], study_ids: list[str]) -> None:
+    """Make the ``trials`` view of ``con`` show only ``keys``, and ``studies`` only ``study_ids``."""
+    import pyarrow as pa
+
+    con.register("_sweep_keys", pa.table({"trial_key": pa.array(keys, pa.string())}))
+    con.execute("ALTER VIEW trials RENAME TO _store_trials")
+    con.execute("CREATE VIEW trials AS SELECT t.* FROM _store_trials AS t SEMI JOIN _sweep_keys USING (trial_key)")
+    columns = {row[0] for row in con.execute("DESCRIBE studies").fetchall()}
+    con.execute("ALTER VIEW studies RENAME TO _store_studies")
+    if "study_id" in columns:
+        con.register("_sweep_studies", pa.table({"study_id": pa.array(study_ids, pa.string())}))
+        con.execute("CREATE VIEW studies AS SELECT s.* FROM _store_studies AS s SEMI JOIN _sweep_studies USING (study_id)")
+    else:  # a store without study ids: the studies of the sweep's trials
+        con.execute("CREATE VIEW studies AS SELECT s.* FROM _store_studies AS s SEMI JOIN "
+                    "(SELECT DISTINCT workload, batch_size FROM trials) USING (workload, batch_size)")
+
+
+def _fit_summary(con, study: StudyPlan, goal: float, rows: list, statuses: tuple[str, ...]) -> dict:
+    """The S(B) fit of the sweep's rows: the censored, bracket-weighted fit, data-read regimes and
+    intervals with their targets (analysis.bootstrap.critical_batch_size_with_intervals), or
+    ``summarize_curve`` of the rows where that is not available."""
+    from batchlab.analysis.steps_to_result import steps_curve
+
+    censored = [r.batch_size for r in rows if r.steps is None and getattr(r, "censored_at", None) is not None]
+    try:
+        from batchlab.analysis.bootstrap import critical_batch_size_with_intervals
+        from batchlab.analysis.selection import Selection
+    except ImportError:  # pragma: no cover - an analysis without intervals
+        critical_batch_size_with_intervals = None
+    if critical_batch_size_with_intervals is None:
+        from batchlab.analysis.critical_batch_size import summarize_curve
+
+        out = summarize_curve(steps_curve(rows, label=study.store_workload))
+    else:
+        selection = Selection(workload=study.store_workload, metric=study.metric, goal=goal,
+                              maximize=study.maximize, statuses=statuses)
+        out = critical_batch_size_with_intervals(con, selection, n_boot=SUMMARY_BOOT, seed=0).to_dict()
+    out.setdefault("censored_batch_sizes", censored)
+    return out
+
+
+def _analysed_statuses() -> tuple[str, ...]:
+    """COMPLETE, and STOPPED_AT_GOAL where the analysis knows it (its steps are the updates run)."""
+    from batchlab.analysis.tables import TRIAL_STATUSES
+
+    return tuple(s for s in ("COMPLETE", "STOPPED_AT_GOAL") if s in TRIAL_STATUSES)

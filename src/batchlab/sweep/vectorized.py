@@ -13,7 +13,11 @@ The contract is :func:`batchlab.train.run_trial`'s, step for step: the same batc
 rules (torch.optim's ``SGD``/``Adam`` formulas, written out here because torch.optim cannot hold a
 per-trial learning rate on stacked parameters), the same divergence rule, the same evaluation
 schedule and metrics (``batchlab.train.evaluation.measure`` on the same model class, one trial at a
-time), the same statuses. Measurements agree with sequential runs up to floating-point rounding
+time: every split at full steps, the goal split at resolution steps, with the same replay of the
+bracket where the goal is first met, here for all trials that first meet it at one evaluation
+together, from a copy of the stacked state), the same statuses
+(``STOPPED_AT_GOAL`` for a trial stopped at the goal before its budget) and the same brackets
+``(steps_lower, steps_to_goal]``. Measurements agree with sequential runs up to floating-point rounding
 (batched and unbatched matrix products round differently), which the tests bound.
 
 Supported: optimizers ``sgd``, ``momentum``, ``nesterov``, ``adam``; any learning-rate schedule
@@ -35,7 +39,7 @@ import torch
 from batchlab.optim.schedules import learning_rate_multiplier
 from batchlab.train import TrialResult, TrialSpec, prepare_trial
 from batchlab.train.divergence import DivergenceMonitor
-from batchlab.train.evaluation import goal_reached, measure
+from batchlab.train.evaluation import bracket, goal_reached, measure
 from batchlab.train.sampling import _batch_indices_unchecked
 
 VECTORIZED_OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")
@@ -45,13 +49,14 @@ def vectorization_obstacle(specs: list[TrialSpec]) -> str | None:
     """Why ``specs`` cannot run as one vectorized computation, or ``None`` if they can.
 
     They must share workload, optimizer (one of :data:`VECTORIZED_OPTIMIZERS`), batch size, step
-    budget, training set, evaluation schedule, ``stop_at_goal`` and ``label_smoothing``, and use no
-    weight EMA.
+    budget, training set, evaluation schedule (explicit steps, resolution, evaluations, evaluation
+    budget, refine mode), ``stop_at_goal`` and ``label_smoothing``, and use no weight EMA.
     """
     if not specs:
         return "no trials"
     first = specs[0]
-    shared = ("workload", "optimizer", "batch_size", "steps", "train_examples", "data_seed", "stop_at_goal")
+    shared = ("workload", "optimizer", "batch_size", "steps", "train_examples", "data_seed", "stop_at_goal",
+              "resolution", "evaluations", "eval_budget", "refine")
     for spec in specs[1:]:
         for name in shared:
             if getattr(spec, name) != getattr(first, name):
@@ -79,6 +84,7 @@ class _TrialState:
     status: str = "COMPLETE"
     steps: int = 0
     steps_to_goal: int | None = None
+    steps_lower: int | None = None
     stopped: bool = False
 
 
@@ -132,30 +138,123 @@ def run_trials_vectorized(specs: list[TrialSpec]) -> list[TrialResult]:
         name: {k: torch.zeros_like(v) for k, v in params.items()} for name in state_names[optimizer]
     }
     active = list(range(len(specs)))  # row r of the stacked tensors is trial active[r]
+    refine_steps = first.refine_steps  # the same for every trial (same budget, schedule and resolution)
+    snapshot: dict | None = None  # stacked state at the last evaluation while some trial's goal is unmet
 
-    def column(name: str) -> torch.Tensor:
-        return torch.tensor([states[i].hyper[name] for i in active], dtype=torch.float32)
+    def advance(params, buffers, opt_state, trials: list[int], step: int) -> list[float]:
+        """One update (``step`` is 0-based) of the stacked ``trials`` in place; their batch losses."""
+        rows = torch.stack([
+            _batch_indices_unchecked(num_train, batch_size, int(states[i].spec.seed), step, per_epoch)
+            for i in trials
+        ])
+        flat = rows.reshape(-1)
+        x = train_x.index_select(0, flat).reshape(len(trials), batch_size, *train_x.shape[1:])
+        y = train_y.index_select(0, flat).reshape(len(trials), batch_size, *train_y.shape[1:])
+        grads, losses = grad_and_loss(params, buffers, x, y)
+        lr = torch.tensor(
+            [states[i].hyper["learning_rate"] * learning_rate_multiplier(
+                step, states[i].decay_steps, states[i].hyper["end_learning_rate_factor"] or 0.0,
+                states[i].hyper["warmup_steps"]) for i in trials],
+            dtype=torch.float32,
+        )
+
+        def column(name: str) -> torch.Tensor:
+            return torch.tensor([states[i].hyper[name] for i in trials], dtype=torch.float32)
+
+        with torch.no_grad():
+            _update(optimizer, params, grads, opt_state, lr, column, step + 1,
+                    any(states[i].hyper["weight_decay"] for i in trials))
+        return losses.tolist()
+
+    def measure_row(stacked: dict, row: int, splits) -> dict[str, float]:
+        with torch.no_grad():
+            for name, p in eval_model.named_parameters():
+                p.copy_(stacked[name][row])
+        return measure(workload, eval_model, splits)
+
+    def take_snapshot(step: int) -> None:
+        nonlocal snapshot
+        snapshot = {
+            "step": step, "active": list(active),
+            "params": {k: v.clone() for k, v in params.items()},
+            "buffers": {k: v.clone() for k, v in buffers.items()},
+            "opt_state": {s: {k: v.clone() for k, v in d.items()} for s, d in opt_state.items()},
+        }
+
+    def replay(trials: list[int], upto: int) -> dict[int, tuple[list[dict[str, float]], int | None]]:
+        """Train the snapshot's rows of ``trials`` again towards ``upto``, measuring the goal split at the
+        resolution steps strictly between (as :func:`batchlab.train.trial.run_prepared` does)."""
+        found: dict[int, tuple[list[dict[str, float]], int | None]] = {i: ([], None) for i in trials}
+        targets = [s for s in refine_steps if snapshot["step"] < s < upto]
+        if not targets:
+            return found
+        index = torch.tensor([snapshot["active"].index(i) for i in trials], dtype=torch.long)
+        p = {k: v.index_select(0, index) for k, v in snapshot["params"].items()}
+        b = {k: v.index_select(0, index) for k, v in snapshot["buffers"].items()}
+        o = {s: {k: v.index_select(0, index) for k, v in d.items()} for s, d in snapshot["opt_state"].items()}
+        searching, step = set(trials), snapshot["step"]
+        for target in targets:
+            while step < target:
+                advance(p, b, o, trials, step)
+                step += 1
+            for row, i in enumerate(trials):
+                if i not in searching:
+                    continue
+                metrics = measure_row(p, row, {prepared[i].goal_split: prepared[i].eval_splits[prepared[i].goal_split]})
+                found[i][0].append({"step": target, **metrics})
+                if not all(math.isfinite(v) for v in metrics.values()):
+                    searching.discard(i)
+                elif metric in metrics and goal_reached(metrics[metric], goal, maximize):
+                    found[i] = (found[i][0], target)
+                    searching.discard(i)
+            if not searching:
+                break
+        return found
 
     def evaluate(step: int) -> None:
+        rows: dict[int, dict[str, float]] = {}
+        newly = []
         for row, i in enumerate(active):
             if states[i].stopped:  # diverged at this very step: run_trial stops before evaluating
                 continue
-            with torch.no_grad():
-                for name, p in eval_model.named_parameters():
-                    p.copy_(params[name][row])
-            metrics = measure(workload, eval_model, prepared[i].eval_splits)
-            measurements[i].append({"step": step, **metrics})
+            metrics = measure_row(params, row, prepared[i].splits_at(step))
+            rows[i] = {"step": step, **metrics}
             state = states[i]
             if not all(math.isfinite(v) for v in metrics.values()):
+                measurements[i].append(rows[i])
                 state.status, state.stopped = "INFEASIBLE", True
             elif state.steps_to_goal is None and metric in metrics and goal_reached(metrics[metric], goal, maximize):
+                newly.append(i)
+            else:
+                measurements[i].append(rows[i])
+        refined = replay(newly, step) if newly and snapshot is not None else {}
+        for i in newly:
+            state = states[i]
+            found_rows, found = refined.get(i, ([], None))
+            measurements[i].extend(found_rows)
+            if found is not None:
+                state.steps_to_goal = found
+                state.steps_lower = bracket([snapshot["step"]] + [m["step"] for m in measurements[i]], found)
+                if state.spec.stop_at_goal:  # stopped where a run measuring every resolution step would have
+                    state.status, state.stopped, state.steps = "STOPPED_AT_GOAL", True, found
+                    continue
+            measurements[i].append(rows[i])
+            if state.steps_to_goal is None:
                 state.steps_to_goal = step
-                state.stopped = bool(state.spec.stop_at_goal)
+                state.steps_lower = bracket([m["step"] for m in measurements[i]], step)
+            if state.spec.stop_at_goal:
+                state.stopped = True
+                if step < total:
+                    state.status = "STOPPED_AT_GOAL"
+        if refine_steps and any(states[i].steps_to_goal is None and not states[i].stopped for i in active):
+            take_snapshot(step)
 
     start = time.perf_counter()
     next_eval_index = 0
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(first.spec.seed))
+        if refine_steps:
+            take_snapshot(0)
         if schedule and schedule[0] == 0:
             evaluate(0)
             next_eval_index = 1
@@ -170,25 +269,9 @@ def run_trials_vectorized(specs: list[TrialSpec]) -> list[TrialResult]:
                 active = [active[r] for r in keep]
                 if not active:
                     break
-            rows = torch.stack([
-                _batch_indices_unchecked(num_train, batch_size, int(states[i].spec.seed), step, per_epoch)
-                for i in active
-            ])
-            flat = rows.reshape(-1)
-            x = train_x.index_select(0, flat).reshape(len(active), batch_size, *train_x.shape[1:])
-            y = train_y.index_select(0, flat).reshape(len(active), batch_size, *train_y.shape[1:])
-            grads, losses = grad_and_loss(params, buffers, x, y)
-            lr = torch.tensor(
-                [states[i].hyper["learning_rate"] * learning_rate_multiplier(
-                    step, states[i].decay_steps, states[i].hyper["end_learning_rate_factor"] or 0.0,
-                    states[i].hyper["warmup_steps"]) for i in active],
-                dtype=torch.float32,
-            )
-            with torch.no_grad():
-                _update(optimizer, params, grads, opt_state, lr, column, step + 1,
-                        any(states[i].hyper["weight_decay"] for i in active))
+            losses = advance(params, buffers, opt_state, active, step)
             step += 1
-            for i, loss in zip(active, losses.tolist()):
+            for i, loss in zip(active, losses):
                 state = states[i]
                 state.steps = step
                 if state.monitor.diverged(loss):
@@ -207,7 +290,8 @@ def run_trials_vectorized(specs: list[TrialSpec]) -> list[TrialResult]:
                 trial_key=p.spec.trial_key, parameters=dict(p.parameters), seed=int(p.spec.seed),
                 status=state.status, steps=state.steps, steps_to_goal=state.steps_to_goal,
                 measurements=measurements[i], wall_time_s=elapsed / len(specs),
-                metric=metric, goal=goal, maximize=maximize,
+                metric=metric, goal=goal, maximize=maximize, steps_lower=state.steps_lower,
+                resolution=p.resolution, study_definition=p.study_definition,
             )
         )
     return results

@@ -25,6 +25,7 @@ class TrialOutcome:
     status: str
     steps: int
     steps_to_goal: int | None
+    steps_lower: int | None = None  # the evaluation before ``steps_to_goal`` (0 if none; None if not reached)
     measurements: list[dict[str, float]] = field(default_factory=list)
     wall_time_s: float = 0.0
     vectorized: bool = False
@@ -35,20 +36,17 @@ class TrialOutcome:
 
 
 def trial_spec(task: TrialTask, index: int):
-    """The :class:`batchlab.train.TrialSpec` of trial ``index`` of ``task``."""
+    """The :class:`batchlab.train.TrialSpec` of trial ``index`` of ``task``: the study's budget, its
+    evaluation schedule (``resolution``, ``evaluations``) and its study definition."""
     from batchlab.train import TrialSpec
 
     study, trial = task.study, task.trials[index]
-    evaluation_steps = None
-    if study.evaluations is not None:
-        from batchlab.workloads import get_workload
-
-        evaluation_steps = get_workload(study.workload).evaluation_steps(study.steps, num_regular=study.evaluations)
     return TrialSpec(
         workload=study.workload, optimizer=study.optimizer, batch_size=study.batch_size,
         hyperparameters=dict(trial.hyperparameters), steps=study.steps, train_examples=study.train_examples,
         seed=trial.seed, stop_at_goal=study.stop_at_goal, trial_id=trial.trial_id, trial_key=trial.key,
-        search_space=study.search_space, data_seed=study.seed, evaluation_steps=evaluation_steps,
+        search_space=study.stretched_search_space, data_seed=study.seed, resolution=study.resolution,
+        evaluations=study.evaluations, study_definition=study.definition,
     )
 
 
@@ -68,6 +66,7 @@ def run_task(task: TrialTask) -> list[TrialOutcome]:
         TrialOutcome(
             key=trial.key, trial_id=trial.trial_id, seed=trial.seed, parameters=dict(result.parameters),
             status=result.status, steps=int(result.steps), steps_to_goal=result.steps_to_goal,
+            steps_lower=result.steps_lower,
             measurements=[{k: float(v) if k != "step" else int(v) for k, v in row.items()}
                           for row in result.measurements],
             wall_time_s=float(result.wall_time_s), vectorized=task.vectorized,

@@ -3,7 +3,10 @@
 A *measurement* is one evaluation at one step: ``{"step": t, "<split>/<metric>": value, ...}`` with
 the release's metric names (``train/cross_entropy_error``, ``val/classification_error``, ...), taken
 after ``t`` updates, by ``workload.evaluate`` on each split (the workload caps the training split to
-a fixed subset).
+a fixed subset). At a *full* step every split is measured; at a *goal* step (the resolution steps of
+:mod:`batchlab.workloads.schedule`) only the goal metric's split (``val``), which gives the goal
+metric and the other metrics of that split from the same forward passes. See docs/methods.md,
+"Evaluation schedule and resolution".
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,7 +22,7 @@ from batchlab.errors import BatchlabError
 
 __all__ = [
     "EvaluationPlan", "budgeted_plan", "check_eval_budget", "evaluation_schedule", "every_n_steps", "goal_reached", "measure",
-    "subset_splits", "thin_schedule",
+    "bracket", "subset_splits", "thin_schedule",
 ]
 
 # Floors of an evaluation budget (see :func:`budgeted_plan`): below these, steps to result and the
@@ -66,13 +69,13 @@ def measure(workload, model: torch.nn.Module, splits: dict[str, tuple[torch.Tens
     """Evaluate ``model`` on each split, returning ``{"<split>/<metric>": value}`` as Python floats.
 
     ``splits`` maps a split name (``"train"``, ``"val"``) to its ``(x, y)``. The model is put in eval
-    mode under ``torch.no_grad`` and returned to its previous mode afterwards.
+    mode under ``torch.inference_mode`` and returned to its previous mode afterwards.
     """
     was_training = model.training
     model.eval()
     metrics: dict[str, float] = {}
     try:
-        with torch.no_grad():
+        with torch.inference_mode():
             for split, (x, y) in splits.items():
                 for name, value in workload.evaluate(model, x, y, split=split).items():
                     metrics[name] = float(value)
@@ -100,21 +103,42 @@ def thin_schedule(steps: Sequence[int], keep_every: int) -> list[int]:
     return sorted(steps)[::-1][::keep_every][::-1]
 
 
+def bracket(steps_evaluated: Sequence[int], reached: int | None) -> int | None:
+    """The evaluation step just before ``reached`` among ``steps_evaluated`` (0 if none): the lower end
+    of the bracket ``(steps_lower, steps]`` in which the goal was first met. ``None`` if not reached."""
+    if reached is None:
+        return None
+    return max((int(s) for s in steps_evaluated if int(s) < reached), default=0)
+
+
 @dataclass(frozen=True)
 class EvaluationPlan:
     """When a trial evaluates and on how many examples of each split.
 
-    ``steps``: sorted evaluation steps. ``examples``: ``{split: n}``, each evaluation measures the
-    split on its fixed subset of ``n`` examples (:func:`batchlab.workloads.metrics.fixed_subset`: the
-    first ``n`` of one seed-0 permutation, so a smaller subset is part of every larger one).
+    ``steps``: sorted full evaluation steps (every split measured). ``examples``: ``{split: n}``, each
+    evaluation measures the split on its fixed subset of ``n`` examples
+    (:func:`batchlab.workloads.metrics.fixed_subset`: the first ``n`` of one seed-0 permutation, so a
+    smaller subset is part of every larger one). ``goal_steps``: the resolution steps, at which only
+    ``goal_split`` is measured where they are not full steps.
     """
 
     steps: list[int]
     examples: dict[str, int]
+    goal_steps: list[int] = field(default_factory=list)
+    goal_split: str = "val"
+
+    def goal_only_steps(self) -> list[int]:
+        """Resolution steps that are not full steps (only ``goal_split`` measured there)."""
+        full = set(self.steps)
+        return sorted(s for s in set(self.goal_steps) if s not in full)
+
+    def all_steps(self) -> list[int]:
+        """Every evaluation step, sorted."""
+        return sorted(set(self.steps) | set(self.goal_steps))
 
     def evaluated_examples(self) -> int:
         """Examples run through the model over the whole trial (evaluations x examples per evaluation)."""
-        return len(self.steps) * sum(self.examples.values())
+        return len(self.steps) * sum(self.examples.values()) + len(self.goal_only_steps()) * self.examples.get(self.goal_split, 0)
 
 
 def check_eval_budget(budget: float) -> float:
@@ -127,21 +151,27 @@ def check_eval_budget(budget: float) -> float:
 def budgeted_plan(plan: EvaluationPlan, budget: float, batch_size: int, total_steps: int) -> EvaluationPlan:
     """Shrink ``plan`` so that evaluation stays within ``budget`` of training, if it can.
 
-    The budget counts examples: over the trial, evaluations x examples per evaluation must stay at
-    most ``budget * batch_size * total_steps`` (the training examples). A training example costs a
-    forward and a backward pass (about 3 forward passes), so the evaluation *compute* is then at
-    most about ``budget / 3`` of the training compute; measured on CPU, where a training example
-    costs 1.5-7 evaluation examples of time (more at small batch sizes), the evaluation *time*
-    stays below ``budget`` too.
+    The budget counts examples: over the trial, evaluations x examples per evaluation (the goal
+    split's examples alone at goal-only steps) must stay at most ``budget * batch_size * total_steps``
+    (the training examples). A training example costs a forward and a backward pass (about 3 forward
+    passes), so the evaluation *compute* is then at most about ``budget / 3`` of the training
+    compute; measured on CPU, where a training example costs 1.5-7 evaluation examples of time (more
+    at small batch sizes), the evaluation *time* stays below ``budget`` too.
 
     The plan is shrunk in this order, each step only as far as needed:
 
     1. the training-split subset (``train/*`` metrics only describe the fit), down to
        ``MIN_BUDGET_EXAMPLES["train"]``;
-    2. the schedule, thinned with :func:`thin_schedule` (same shape, last step kept), down to
-       ``MIN_BUDGET_EVALUATIONS`` evaluations. Steps to a result are then resolved to the thinned
-       interval: thinning by ``k`` makes a late goal crossing up to ``k`` regular intervals late;
-    3. the validation subset, last, because it measures the goal metric: down to
+    2. the full schedule, thinned with :func:`thin_schedule` (same shape, last step kept), down to
+       ``MIN_BUDGET_EVALUATIONS`` evaluations (where goal steps exist, the full steps only describe
+       the curves: steps to result are read from the goal steps);
+    3. the goal (resolution) steps, thinned the same way down to ``MIN_BUDGET_EVALUATIONS``: thinning
+       by ``k`` turns a relative spacing ``r`` into about ``(1 + r) ** k - 1`` (and every step into
+       every ``k`` steps); the resolution actually kept is
+       :func:`batchlab.workloads.schedule.schedule_resolution` of the plan's steps. Without goal steps
+       (explicit steps), a late goal crossing read from the thinned full steps is up to ``k`` regular
+       intervals late;
+    4. the validation subset, last, because it measures the goal metric: down to
        ``MIN_BUDGET_EXAMPLES["val"]`` (the standard error of an error rate ``p`` measured on ``n``
        examples is ``sqrt(p (1 - p) / n)``: 0.0054 at ``p = 0.03``, ``n = 1000``, against 0.0024 on
        5,000 examples; noise makes the first crossing of a goal early, so smaller subsets bias
@@ -150,40 +180,53 @@ def budgeted_plan(plan: EvaluationPlan, budget: float, batch_size: int, total_st
     Other splits are left whole. When the budget is smaller than these floors allow, the floors
     win and the budget is exceeded. The plan depends only on its arguments (never on timing), so
     the same spec gives the same measurements. At a fixed ``budget`` the plan depends on the batch
-    size (small batches train on fewer examples): when step 3 shrank the validation subset, batch
-    sizes are compared on goal metrics measured on different subsets; give small batch sizes the
-    larger step budgets they need anyway (steps to result grow like 1/B), or a larger budget.
+    size (small batches train on fewer examples): when step 3 or 4 acted, batch sizes are compared at
+    different resolutions or on goal metrics measured on different subsets; give small batch sizes
+    the larger step budgets they need anyway (steps to result grow like 1/B), or a larger budget.
     """
     budget = check_eval_budget(budget)
     allowed = budget * batch_size * total_steps
-    steps, examples = list(plan.steps), dict(plan.examples)
+    steps, examples, goal_steps = list(plan.steps), dict(plan.examples), list(plan.goal_steps)
+
+    def current() -> EvaluationPlan:
+        return EvaluationPlan(steps, dict(examples), list(goal_steps), plan.goal_split)
 
     def cost() -> int:
-        return len(steps) * sum(examples.values())
+        return current().evaluated_examples()
 
     def shrink(split: str) -> None:
         if split not in examples:
             return
-        others = sum(n for s, n in examples.items() if s != split)
-        target = math.floor(allowed / max(len(steps), 1)) - others
-        floor = min(examples[split], MIN_BUDGET_EXAMPLES[split])
+        per_example = len(steps) + (len(current().goal_only_steps()) if split == plan.goal_split else 0)
+        kept = examples[split]
+        examples[split] = 0
+        others = cost()  # everything but this split
+        examples[split] = kept
+        target = math.floor((allowed - others) / max(per_example, 1))
+        floor = min(examples[split], MIN_BUDGET_EXAMPLES.get(split, examples[split]))
         examples[split] = max(floor, min(examples[split], target))
 
     if cost() <= allowed:
-        return EvaluationPlan(steps, examples)
+        return current()
     shrink("train")
-    if cost() > allowed:
-        fewest = min(len(plan.steps), MIN_BUDGET_EVALUATIONS)
-        for keep_every in range(2, len(plan.steps) + 1):
-            thinner = thin_schedule(plan.steps, keep_every)
+    for name in ("steps", "goal_steps"):
+        original = list(getattr(plan, name))
+        if cost() <= allowed or not original:
+            continue
+        fewest = min(len(original), MIN_BUDGET_EVALUATIONS)
+        for keep_every in range(2, len(original) + 1):
+            thinner = thin_schedule(original, keep_every)
             if len(thinner) < fewest:
                 break
-            steps = thinner
+            if name == "steps":
+                steps = thinner
+            else:
+                goal_steps = thinner
             if cost() <= allowed:
                 break
     if cost() > allowed:
         shrink("val")
-    return EvaluationPlan(steps, examples)
+    return current()
 
 
 def subset_splits(splits: dict[str, tuple[torch.Tensor, torch.Tensor]], examples: dict[str, int]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

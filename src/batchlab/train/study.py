@@ -10,9 +10,13 @@ Conventions:
   the first trial of a fresh study equals ``batchlab train ... --seed SEED`` at that point. The data
   seed (which examples form a ``train_examples`` subset) is ``seed`` for every trial of the study,
   as in ``batchlab.sweep``.
-* The best trial (Shallue et al.'s protocol, science.md 3.4): among COMPLETE trials, the one with the
-  fewest steps to the goal; ties go to the lower trial id. When no trial reached the goal, the study
-  reports instead the COMPLETE trial with the best goal metric at its last evaluation.
+* The study definition (``batchlab.store.studies.make_study_definition``, source ``"batchlab study"``)
+  is the same for every trial: budget, training examples, search space, evaluation rule
+  (``{"rule": "geometric", "resolution": r, "refine": "replay"}``), stop rule (with ``stop_at_goal``) and ``seed``.
+* The best trial (Shallue et al.'s protocol, docs/methods.md, "Steps to result"): among trials that ran
+  to their budget (COMPLETE) or stopped at the goal (STOPPED_AT_GOAL), the one with the fewest steps
+  to the goal; ties go to the lower trial id. When no trial reached the goal, the study reports
+  instead the COMPLETE trial with the best goal metric at its last evaluation.
 """
 
 from __future__ import annotations
@@ -22,7 +26,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchlab.errors import BatchlabError
-from batchlab.train.trial import TrialResult, TrialSpec, prepare_trial, run_prepared, store_workload_name
+from batchlab.train.trial import (
+    TrialResult,
+    TrialSpec,
+    default_study_definition,
+    prepare_trial,
+    run_prepared,
+    stop_rule,
+    store_workload_name,
+)
+from batchlab.workloads.schedule import DEFAULT_RESOLUTION
 
 __all__ = ["StudyResult", "best_trial", "best_final_trial", "check_study", "run_study", "study_trial_specs"]
 
@@ -48,8 +61,9 @@ class StudyResult:
 
 
 def best_trial(trials: list[TrialResult]) -> TrialResult | None:
-    """The COMPLETE trial with the fewest steps to the goal, ties to the lower trial id; else None."""
-    reached = [t for t in trials if t.status == "COMPLETE" and t.steps_to_goal is not None]
+    """The COMPLETE or STOPPED_AT_GOAL trial with the fewest steps to the goal, ties to the lower trial
+    id; else None."""
+    reached = [t for t in trials if t.status in ("COMPLETE", "STOPPED_AT_GOAL") and t.steps_to_goal is not None]
     return min(reached, key=lambda t: (t.steps_to_goal, t.trial_id if t.trial_id is not None else 0), default=None)
 
 
@@ -79,11 +93,15 @@ def study_trial_specs(
     stop_at_goal: bool = False,
     eval_budget: float | None = None,
     train_eval_examples: int | None = None,
+    resolution: float = DEFAULT_RESOLUTION,
+    refine: str = "replay",
 ) -> list[TrialSpec]:
     """The specs of ``trials`` consecutive trials of a study, starting at ``first_trial_id``.
 
-    ``eval_budget`` and ``train_eval_examples`` are as in :class:`TrialSpec`, the same for every trial."""
+    ``eval_budget``, ``train_eval_examples``, ``resolution`` and ``refine`` are as in :class:`TrialSpec`,
+    the same for every trial, as is the study definition (see the module docstring)."""
     from batchlab.search import default_search_space
+    from batchlab.workloads import get_workload
 
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise BatchlabError(f"number of trials must be an integer >= 1, got {trials!r}")
@@ -93,6 +111,19 @@ def study_trial_specs(
     first_index = max(0, int(first_trial_id) - 1)
     points = space.sample(first_index + trials, seed=seed)[first_index:]
     configs = space.to_batch_science()
+    w = get_workload(workload)
+    probe = TrialSpec(workload=workload, optimizer=optimizer, batch_size=batch_size, hyperparameters={}, steps=steps,
+                      train_examples=train_examples, data_seed=seed, search_space=configs)
+    evaluation = {"rule": "geometric", "resolution": resolution, "refine": refine}
+    if eval_budget is not None:
+        evaluation["eval_budget"] = eval_budget
+    try:
+        definition = default_study_definition(
+            probe, store_workload=store_workload_name(w.name, optimizer), steps=steps, evaluation=evaluation,
+            stop_rule=stop_rule(w) if stop_at_goal else None, source="batchlab study",
+        )
+    except BatchlabError:
+        definition = None  # bad input: prepare_trial names it
     return [
         TrialSpec(
             workload=workload,
@@ -108,6 +139,9 @@ def study_trial_specs(
             search_space=configs,
             eval_budget=eval_budget,
             train_eval_examples=train_eval_examples,
+            resolution=resolution,
+            refine=refine,
+            study_definition=definition,
         )
         for i, point in enumerate(points)
     ]
@@ -124,6 +158,8 @@ def check_study(
     stop_at_goal: bool = False,
     eval_budget: float | None = None,
     train_eval_examples: int | None = None,
+    resolution: float = DEFAULT_RESOLUTION,
+    refine: str = "replay",
 ) -> int:
     """Validate a study (workload, optimizer, batch size, data, budget) without writing anything;
     return its step budget (``steps``, or the workload's default). Raises BatchlabError."""
@@ -131,7 +167,7 @@ def check_study(
 
     budget = get_workload(workload).default_steps if steps is None else steps
     probe = study_trial_specs(workload, optimizer, batch_size, trials, 1, budget, train_examples, seed, stop_at_goal,
-                              eval_budget, train_eval_examples)[0]
+                              eval_budget, train_eval_examples, resolution, refine)[0]
     prepare_trial(probe)
     return budget
 
@@ -150,25 +186,27 @@ def run_study(
     on_measurement: Callable[[dict], None] | None = None,
     eval_budget: float | None = None,
     train_eval_examples: int | None = None,
+    resolution: float = DEFAULT_RESOLUTION,
+    refine: str = "replay",
 ) -> StudyResult:
     """Run ``trials`` trials of one study one after another, each recorded into ``store``.
 
     Everything is validated first (:func:`check_study`), so bad input writes nothing.
     ``steps=None`` uses the workload's default budget. ``on_trial`` is called after each trial.
-    ``eval_budget`` and ``train_eval_examples`` are as in :class:`TrialSpec`.
+    ``eval_budget``, ``train_eval_examples``, ``resolution`` and ``refine`` are as in :class:`TrialSpec`.
     """
     from batchlab.search import default_search_space
 
     if store is None:
         raise BatchlabError("a study needs a store to record its trials")
     budget = check_study(workload, optimizer, batch_size, trials, steps, train_examples, seed, stop_at_goal,
-                         eval_budget, train_eval_examples)
+                         eval_budget, train_eval_examples, resolution, refine)
     from batchlab.workloads import get_workload
 
     name = store_workload_name(get_workload(workload).name, optimizer)
     first_id = store.next_trial_id(name, int(batch_size))
     specs = study_trial_specs(workload, optimizer, batch_size, trials, first_id, budget, train_examples, seed, stop_at_goal,
-                              eval_budget, train_eval_examples)
+                              eval_budget, train_eval_examples, resolution, refine)
     result = StudyResult(
         workload=name,
         batch_size=int(batch_size),

@@ -7,18 +7,48 @@ Contract (see docs/internals.md):
 * The model is initialised by ``workload.build_model(seed)``; any other randomness inside the loop
   (dropout, sampled curvature) draws from torch's global generator, seeded with ``seed`` inside a
   forked RNG state, so the same spec gives identical measurements and the caller's RNG is untouched.
-* Status: ``COMPLETE`` when the trial ran its whole step budget, or stopped at an evaluation that beat
-  the goal with ``stop_at_goal`` (the study then records ``early_stopping=True``); ``INFEASIBLE`` when
+* Evaluations (docs/methods.md, "Evaluation schedule and resolution"): every metric at the workload's
+  full steps (dense early, regular later), and the goal metric at the resolution steps (consecutive
+  steps within a factor ``1 + resolution``, every step while ``1 / resolution`` is larger), in one of
+  two ways (``refine``):
+
+  - ``"replay"`` (default): the trial keeps a copy of its state (model, optimizer, schedule, RNG) at
+    each full evaluation until the goal is first met; when a full evaluation first meets it, the
+    copy from the previous full evaluation is trained again (the same batches: the trial is
+    deterministic) and the goal split measured at the resolution steps in between, up to the first
+    one that meets the goal. Only the bracket of the workload's goal is refined; the extra cost is
+    at most one full-schedule interval of training plus a few evaluations of the goal split, and
+    only in trials that reach the goal.
+  - ``"dense"``: the goal split is measured at every resolution step as the trial runs (every goal
+    on the goal metric is then resolved, at the cost of those evaluations in every trial).
+
+  ``evaluation_steps`` replaces both with explicit steps where every metric is measured.
+* Steps to the goal: ``steps_to_goal`` is the first evaluation step whose goal metric beats the goal,
+  ``steps_lower`` the evaluation before it (0 if none), where it did not: the goal was first met in
+  ``(steps_lower, steps_to_goal]``, whose width is at most ``resolution * steps_lower`` or one step.
+  The true first passage (the metric read at every step) lies in it when the metric stays past the
+  goal once it passed it; a noisy metric that dips past the goal between evaluations and back is
+  read at a later passage (with replay, one inside the full-schedule bracket where it first shows).
+* Status: ``COMPLETE`` when the trial ran its whole step budget; ``STOPPED_AT_GOAL`` when
+  ``stop_at_goal`` stopped it at an evaluation that beat the goal before its budget (its ``steps`` =
+  updates up to that evaluation, ``steps_to_goal``: with replay the live run's updates past it are
+  discarded; its study definition records the stop rule ``{metric, goal, maximize}``; a goal met at
+  the very last step is ``COMPLETE``); ``INFEASIBLE`` when
   the training loss diverged (:mod:`batchlab.train.divergence`) or an evaluation produced a
   non-finite value; the measurements taken until then are recorded. ``INCOMPLETE`` is never produced
   here: an interrupted trial publishes nothing (the store's writer is never finished), so a resumed
   sweep runs it again.
+* Study definition: ``TrialSpec.study_definition``, or one built with
+  ``batchlab.store.studies.make_study_definition`` from the spec (store workload name, batch size,
+  budget, train examples, search space, evaluation rule, stop rule, data seed, source
+  ``"batchlab train"``), passed to ``store.trial_writer``.
 * The store's workload is ``f"{workload.name}/{optimizer}"`` (dataset/model/optimizer, like the
   release); the trial id defaults to ``store.next_trial_id(...)``.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import operator
@@ -34,6 +64,7 @@ from batchlab.errors import BatchlabError, unknown_name_error
 from batchlab.train.divergence import DivergenceMonitor
 from batchlab.train.evaluation import (
     EvaluationPlan,
+    bracket,
     budgeted_plan,
     check_eval_budget,
     evaluation_schedule,
@@ -42,8 +73,12 @@ from batchlab.train.evaluation import (
     subset_splits,
 )
 from batchlab.train.sampling import _epoch_permutation, updates_per_epoch
+from batchlab.workloads.schedule import DEFAULT_RESOLUTION, check_resolution, schedule_resolution
 
-__all__ = ["TrialSpec", "TrialResult", "PreparedTrial", "prepare_trial", "run_prepared", "run_trial", "store_workload_name"]
+__all__ = [
+    "TrialSpec", "TrialResult", "PreparedTrial", "default_study_definition", "prepare_trial", "run_prepared", "run_trial",
+    "stop_rule", "store_workload_name",
+]
 
 @dataclass
 class TrialSpec:
@@ -59,10 +94,24 @@ class TrialSpec:
         steps: step budget (updates); ``None`` means the workload's ``default_steps``.
         train_examples: train on the first-chosen ``N`` training examples (``None``: all).
         seed: model initialisation, batch order and in-loop randomness.
-        stop_at_goal: stop at the first evaluation that beats the workload's goal.
+        stop_at_goal: stop at the first evaluation that beats the workload's goal (status
+            ``STOPPED_AT_GOAL`` when that is before the budget).
         trial_id, trial_key: store identity; ``None`` picks ``store.next_trial_id`` and a fresh key.
         search_space: the study's search space (batch_science ``parameter_configs``), if known.
-        evaluation_steps: steps at which to evaluate, replacing the workload's schedule.
+        evaluation_steps: steps at which to evaluate every metric, replacing the workload's schedule
+            (resolution steps included: the goal is then read at these steps only).
+        resolution: relative spacing of the goal-metric evaluations, in (0, 1): consecutive
+            evaluation steps within a factor ``1 + resolution``, every step while ``1/resolution`` is
+            larger (:func:`batchlab.workloads.schedule.resolution_steps`); ignored with
+            ``evaluation_steps``.
+        evaluations: ``num_regular`` of the full-metric schedule (about this many regular
+            evaluations of every metric; ``None``: the workload's); cannot be combined with
+            ``evaluation_steps``.
+        refine: how the goal metric's resolution steps are measured: ``"replay"`` (default; only the
+            bracket where the goal is first met, by replaying from the previous full evaluation) or
+            ``"dense"`` (all of them as the trial runs); see the module docstring.
+        study_definition: the study this trial belongs to (``batchlab.store.studies.make_study_definition``);
+            ``None`` builds one from this spec (source ``"batchlab train"``).
         data_seed: seed of ``workload.load_data`` (which examples form the training subset when
             ``train_examples`` is set); shared by all trials of a study.
         train_eval_examples: measure ``train/*`` metrics on a fixed subset of at most this many
@@ -96,13 +145,21 @@ class TrialSpec:
     data_seed: int = 0
     train_eval_examples: int | None = None
     eval_budget: float | None = None
+    resolution: float = DEFAULT_RESOLUTION
+    evaluations: int | None = None
+    refine: str = "replay"
+    study_definition: dict | None = None
 
 
 @dataclass
 class TrialResult:
     """What one trial did. ``steps`` = updates run; ``steps_to_goal`` = first evaluation step that
-    beat the goal (``None`` if none did); ``measurements`` = one dict per evaluation (``step`` plus
-    ``<split>/<metric>`` values); ``wall_time_s`` = seconds the run took (store setup, updates,
+    beat the goal (``None`` if none did) and ``steps_lower`` the evaluation step before it (0 if none;
+    ``None`` if not reached): the goal was first met in ``(steps_lower, steps_to_goal]``;
+    ``resolution`` = the largest relative gap between consecutive evaluation steps more than one step
+    apart (:func:`batchlab.workloads.schedule.schedule_resolution`); ``measurements`` = one dict per
+    evaluation (``step`` plus ``<split>/<metric>`` values: every metric at full steps, the goal split's
+    at resolution steps); ``wall_time_s`` = seconds the run took (store setup, updates,
     evaluations, recording; loading data and building the model excluded), of which
     ``evaluation_time_s`` went to evaluating and recording (store writes and the final publish);
     ``evaluation_cpu_s`` is the same part in this process's CPU seconds (``time.process_time``)."""
@@ -123,6 +180,9 @@ class TrialResult:
     metric: str = ""
     goal: float = math.nan
     maximize: bool = False
+    steps_lower: int | None = None
+    resolution: float | None = None
+    study_definition: dict | None = None
 
     def final_metric(self) -> float | None:
         """The goal metric at the last evaluation (``None`` if never measured)."""
@@ -149,6 +209,17 @@ class PreparedTrial:
     model: torch.nn.Module
     algorithm: Any
     evaluation_examples: dict[str, int] = field(default_factory=dict)
+    full_steps: frozenset = frozenset()
+    goal_split: str = "val"
+    resolution: float | None = None
+    study_definition: dict | None = None
+    refine_steps: list[int] = field(default_factory=list)
+
+    def splits_at(self, step: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """What the evaluation at ``step`` measures: every split at a full step, else the goal split."""
+        if step in self.full_steps or self.goal_split not in self.eval_splits:
+            return self.eval_splits
+        return {self.goal_split: self.eval_splits[self.goal_split]}
 
 
 def store_workload_name(workload: str, optimizer: str) -> str:
@@ -217,9 +288,22 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
     data_seed = _as_int("data seed", spec.data_seed, 0)
     train_examples = None if spec.train_examples is None else _as_int("train examples", spec.train_examples, 1)
     parameters = _checked_hyperparameters(spec.hyperparameters)
-    schedule = evaluation_schedule(
-        workload.evaluation_steps(steps) if spec.evaluation_steps is None else (), steps, spec.evaluation_steps
-    )
+    resolution = check_resolution(spec.resolution)
+    evaluations = None if spec.evaluations is None else _as_int("evaluations", spec.evaluations, 1)
+    if evaluations is not None and spec.evaluation_steps is not None:
+        raise BatchlabError("give either a number of evaluations or explicit evaluation steps (--eval-every), not both")
+    if spec.refine not in REFINE_MODES:
+        raise unknown_name_error("refine mode", str(spec.refine), REFINE_MODES)
+    refine_steps: list[int] = []
+    if spec.evaluation_steps is None:
+        chosen = workload.evaluation_schedule(num_regular=evaluations, resolution=resolution)
+        schedule, goal_steps = chosen.full_steps(steps), chosen.goal_steps(steps)
+        if spec.refine == "replay":
+            refine_steps, goal_steps = goal_steps, []
+    else:
+        schedule, goal_steps = evaluation_schedule((), steps, spec.evaluation_steps), []
+    if spec.study_definition is not None and not isinstance(spec.study_definition, dict):
+        raise BatchlabError(f"study_definition must be a dict (batchlab.store.studies.make_study_definition), got {type(spec.study_definition).__name__}")
 
     train_eval_examples = None if spec.train_eval_examples is None else _as_int("train eval examples", spec.train_eval_examples, 1)
     if spec.eval_budget is not None:
@@ -238,9 +322,22 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
         if split == "train" and train_eval_examples is not None:
             cap = train_eval_examples if cap is None else min(cap, train_eval_examples)
         examples[split] = len(x) if cap is None else min(len(x), int(cap))
-    plan = EvaluationPlan(schedule, examples)
+    plan = EvaluationPlan(schedule, examples, goal_steps, workload.goal_split)
     if spec.eval_budget is not None:
         plan = budgeted_plan(plan, spec.eval_budget, batch_size, steps)
+    store_workload = store_workload_name(workload.name, spec.optimizer)
+    if spec.evaluation_steps is None:
+        evaluation = {"rule": "geometric", "resolution": resolution, "refine": spec.refine}
+        if spec.eval_budget is not None:
+            evaluation["eval_budget"] = float(spec.eval_budget)
+    else:
+        evaluation = {"rule": "steps", "steps": list(plan.steps)}
+    definition = spec.study_definition
+    if definition is None:
+        definition = default_study_definition(
+            spec, store_workload=store_workload, steps=steps, evaluation=evaluation,
+            stop_rule=stop_rule(workload) if spec.stop_at_goal else None, source="batchlab train",
+        )
 
     label_smoothing = float(parameters.get("label_smoothing") or 0.0)
 
@@ -260,9 +357,9 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
     return PreparedTrial(
         spec=spec,
         workload=workload,
-        store_workload=store_workload_name(workload.name, spec.optimizer),
+        store_workload=store_workload,
         steps=steps,
-        schedule=plan.steps,
+        schedule=plan.all_steps(),
         parameters=parameters,
         train_x=data.train_x,
         train_y=data.train_y,
@@ -271,7 +368,44 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
         model=model,
         algorithm=algorithm,
         evaluation_examples=dict(plan.examples),
+        full_steps=frozenset(plan.steps),
+        goal_split=plan.goal_split,
+        resolution=schedule_resolution(sorted(set(plan.all_steps()) | set(refine_steps))),
+        study_definition=definition,
+        refine_steps=refine_steps,
     )
+
+
+REFINE_MODES = ("replay", "dense")
+
+
+def stop_rule(workload) -> dict:
+    """The stop rule of a study whose trials stop at ``workload``'s goal: ``{metric, goal, maximize}``."""
+    return {"metric": workload.metric, "goal": float(workload.goal), "maximize": bool(workload.maximize)}
+
+
+def default_study_definition(spec: TrialSpec, *, store_workload: str, steps: int, evaluation: dict,
+                             stop_rule: dict | None, source: str, **extra: Any) -> dict | None:
+    """The study definition of ``spec`` (``batchlab.store.studies.make_study_definition``), or ``None``
+    when this store version has no study definitions (the store then builds its own)."""
+    try:
+        from batchlab.store.studies import make_study_definition
+    except ImportError:
+        return None
+    return make_study_definition(
+        workload=store_workload, batch_size=int(spec.batch_size), train_steps=int(steps),
+        train_examples=spec.train_examples, search_space=spec.search_space, evaluation=evaluation,
+        stop_rule=stop_rule, seed=int(spec.data_seed), source=source, **extra,
+    )
+
+
+def _writer_accepts_definition(store: Any) -> bool:
+    import inspect
+
+    try:
+        return "study_definition" in inspect.signature(store.trial_writer).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def run_prepared(
@@ -290,6 +424,9 @@ def run_prepared(
             trial_id = store.next_trial_id(prepared.store_workload, batch_size)
         if trial_key is None:
             trial_key = f"{prepared.store_workload}/{batch_size}/{trial_id}/{uuid.uuid4().hex}"
+        definition = {}
+        if prepared.study_definition is not None and _writer_accepts_definition(store):
+            definition = {"study_definition": prepared.study_definition}
         writer = store.trial_writer(
             workload=prepared.store_workload,
             batch_size=batch_size,
@@ -302,11 +439,13 @@ def run_prepared(
             train_steps=total,
             early_stopping=bool(spec.stop_at_goal),
             tags={"metric": workload.metric, "goal": workload.goal, "maximize": bool(workload.maximize)},
+            **definition,
         )
 
     metric, goal, maximize = workload.metric, workload.goal, bool(workload.maximize)
     measurements: list[dict[str, float]] = []
     steps_to_goal: int | None = None
+    steps_lower: int | None = None
     status = "COMPLETE"
     evaluation_time = evaluation_cpu = 0.0
 
@@ -320,22 +459,54 @@ def run_prepared(
             evaluation_time += time.perf_counter() - started
             evaluation_cpu += time.process_time() - started_cpu
 
-    def _evaluate(step: int) -> bool:
-        nonlocal steps_to_goal, status
-        with algorithm.evaluation_weights():
-            metrics = measure(workload, prepared.model, prepared.eval_splits)
+    replay = bool(prepared.refine_steps)
+    snapshot: tuple | None = None  # (step, copy of (model, algorithm), torch RNG state) while the goal is unmet
+    stopped_at: int | None = None
+
+    def record(row: dict[str, float]) -> None:
         if writer is not None:
-            writer.record(step, metrics)
-        row = {"step": step, **metrics}
+            writer.record(row["step"], {k: v for k, v in row.items() if k != "step"})
         measurements.append(row)
         if on_measurement is not None:
             on_measurement(dict(row))
+
+    def take_snapshot(step: int) -> None:
+        nonlocal snapshot
+        snapshot = (step, _copy_training_state(prepared.model, algorithm), torch.get_rng_state())
+
+    def _evaluate(step: int) -> bool:
+        nonlocal steps_to_goal, steps_lower, status, stopped_at
+        with algorithm.evaluation_weights():
+            metrics = measure(workload, prepared.model, prepared.splits_at(step))
+        row = {"step": step, **metrics}
         if not all(math.isfinite(v) for v in metrics.values()):
+            record(row)
             status = "INFEASIBLE"
             return True
         if steps_to_goal is None and metric in metrics and goal_reached(metrics[metric], goal, maximize):
-            steps_to_goal = step
-            return bool(spec.stop_at_goal)
+            if replay and snapshot is not None:
+                rows, found = _replay_bracket(prepared, snapshot, step)
+                snapshot_step = snapshot[0]
+                for refined in rows:
+                    record(refined)
+                if found is not None:
+                    steps_to_goal = found
+                    steps_lower = bracket([snapshot_step] + [m["step"] for m in measurements], found)
+                    if spec.stop_at_goal:  # stopped where a run measuring every resolution step would have
+                        status, stopped_at = "STOPPED_AT_GOAL", found
+                        return True
+            record(row)
+            if steps_to_goal is None:
+                steps_to_goal = step
+                steps_lower = bracket([m["step"] for m in measurements], step)
+            if spec.stop_at_goal:
+                if step < total:
+                    status = "STOPPED_AT_GOAL"
+                return True
+            return False
+        record(row)
+        if replay and steps_to_goal is None:
+            take_snapshot(step)
         return False
 
     # The hot loop: one sampled batch, one update, one divergence check per step; nothing else.
@@ -350,6 +521,8 @@ def run_prepared(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         stop = False
+        if replay:
+            take_snapshot(0)
         if next_eval == 0:
             stop = evaluate(0)
             next_eval = next(schedule, None)
@@ -368,6 +541,8 @@ def run_prepared(
             if step == next_eval:
                 stop = evaluate(step)
                 next_eval = next(schedule, None)
+    if stopped_at is not None:
+        step = stopped_at  # the replayed copy stopped there; the updates past it are discarded
 
     if writer is not None:
         started, started_cpu = time.perf_counter(), time.process_time()
@@ -391,7 +566,71 @@ def run_prepared(
         metric=metric,
         goal=float(goal),
         maximize=maximize,
+        steps_lower=steps_lower,
+        resolution=prepared.resolution,
+        study_definition=prepared.study_definition,
     )
+
+
+def _copy_training_state(model: torch.nn.Module, algorithm: Any) -> tuple[torch.nn.Module, Any]:
+    """An independent copy of ``(model, algorithm)`` that trains exactly as the original would.
+
+    A deep copy, with two repairs: ``torch.optim.Optimizer`` copies only its defaults, state and
+    parameter groups, so plain settings other optimizers keep as attributes (pytorch_optimizer's LARS
+    and Lamb: ``maximize``, ``foreach``, ...) are carried over; and the algorithm's views of the live
+    parameters (``_live_weights``, for the weight EMA) are re-made on the copied model, since deep
+    copies of views do not alias the copied parameters. ``tests/train/test_trial.py`` checks, for
+    every optimizer and with an EMA, that a replayed copy measures what the trial itself measures.
+    """
+    model_copy, algorithm_copy = copy.deepcopy((model, algorithm))
+    original, twin = getattr(algorithm, "optimizer", None), getattr(algorithm_copy, "optimizer", None)
+    if original is not None and twin is not None:
+        for name, value in vars(original).items():
+            if name not in vars(twin) and (value is None or isinstance(value, (bool, int, float, str))):
+                setattr(twin, name, value)
+    if hasattr(algorithm_copy, "_live_weights"):
+        algorithm_copy._live_weights = [p.detach() for p in algorithm_copy.model.parameters()]
+    return model_copy, algorithm_copy
+
+
+def _replay_bracket(prepared: PreparedTrial, snapshot: tuple, upto: int) -> tuple[list[dict[str, float]], int | None]:
+    """Train the snapshot's copy of the trial from its step towards ``upto``, measuring the goal split
+    at each resolution step strictly between; return those rows and the first step meeting the goal
+    (``None`` if none before ``upto``). The same batches and RNG stream as the trial itself, so the
+    copy follows the trial's own trajectory; the caller's RNG state is restored afterwards."""
+    start, objects, rng_state = snapshot
+    targets = [s for s in prepared.refine_steps if start < s < upto]
+    if not targets:
+        return [], None
+    model, algorithm = objects
+    workload, spec = prepared.workload, prepared.spec
+    batch_size, seed, num_train = int(spec.batch_size), int(spec.seed), prepared.num_train
+    per_epoch = num_train // batch_size
+    splits = {prepared.goal_split: prepared.eval_splits[prepared.goal_split]}
+    metric, goal, maximize = workload.metric, workload.goal, bool(workload.maximize)
+    rows: list[dict[str, float]] = []
+    live_state = torch.get_rng_state()
+    torch.set_rng_state(rng_state)
+    try:
+        step, permutation, permutation_epoch = start, None, -1
+        for target in targets:
+            while step < target:
+                epoch, position = divmod(step, per_epoch)
+                if epoch != permutation_epoch:
+                    permutation, permutation_epoch = _epoch_permutation(num_train, seed, epoch), epoch
+                indices = permutation[position * batch_size : (position + 1) * batch_size]
+                algorithm.step(prepared.train_x.index_select(0, indices), prepared.train_y.index_select(0, indices))
+                step += 1
+            with algorithm.evaluation_weights():
+                metrics = measure(workload, model, splits)
+            rows.append({"step": target, **metrics})
+            if not all(math.isfinite(v) for v in metrics.values()):
+                break
+            if metric in metrics and goal_reached(metrics[metric], goal, maximize):
+                return rows, target
+    finally:
+        torch.set_rng_state(live_state)
+    return rows, None
 
 
 def run_trial(

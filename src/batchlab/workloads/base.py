@@ -60,7 +60,8 @@ class Workload:
     ``default_steps`` is the step budget a trial gets unless told otherwise; ``default_batch_size`` a
     batch size that works for demos. ``eval_examples`` caps the number of examples :meth:`evaluate`
     uses per split (``None`` = all), through a fixed subset; ``eval_batch_size`` is the evaluation
-    batch; ``schedule`` sets :meth:`evaluation_steps`.
+    batch; ``schedule`` sets :meth:`evaluation_steps` (goal metric at a bounded relative resolution,
+    every metric more sparsely: :mod:`batchlab.workloads.schedule`).
     """
 
     name: str
@@ -139,16 +140,34 @@ class Workload:
             model, x, y, split=split, batch_size=self.eval_batch_size, max_examples=self.eval_examples.get(split)
         )
 
-    def evaluation_steps(self, total_steps: int, **overrides: Any) -> list[int]:
-        """Return the evaluation steps for ``total_steps`` updates: dense early, regular later.
+    @property
+    def goal_split(self) -> str:
+        """The split the goal metric is measured on (``"val"`` for ``val/classification_error``)."""
+        return self.metric.split("/", 1)[0]
 
-        ``overrides`` may set ``num_regular`` and ``early_ratio`` (see :mod:`batchlab.workloads.schedule`).
-        """
-        unknown = set(overrides) - {"num_regular", "early_ratio"}
+    def evaluation_schedule(self, **overrides: Any) -> EvaluationSchedule:
+        """The workload's :class:`EvaluationSchedule` with ``overrides`` (``num_regular``, ``early_ratio``,
+        ``resolution``; ``None`` values keep the workload's setting, except ``resolution=None`` which
+        means no resolution steps)."""
+        allowed = {"num_regular", "early_ratio", "resolution"}
+        unknown = set(overrides) - allowed
         if unknown:
-            raise BatchlabError(f"unknown evaluation schedule setting(s) {sorted(unknown)}; allowed: num_regular, early_ratio")
-        settings = {"num_regular": self.schedule.num_regular, "early_ratio": self.schedule.early_ratio, **overrides}
-        return EvaluationSchedule(**settings).steps(total_steps)
+            raise BatchlabError(f"unknown evaluation schedule setting(s) {sorted(unknown)}; allowed: {', '.join(sorted(allowed))}")
+        settings = self.schedule.describe()
+        settings.update({k: v for k, v in overrides.items() if v is not None or k == "resolution"})
+        return EvaluationSchedule(**settings)
+
+    def evaluation_steps(self, total_steps: int, **overrides: Any) -> list[int]:
+        """Every evaluation step for ``total_steps`` updates: the resolution steps (goal metric, relative
+        spacing at most ``resolution``) and the full steps (every metric: dense early, regular later).
+
+        ``overrides`` as in :meth:`evaluation_schedule` (see :mod:`batchlab.workloads.schedule`).
+        """
+        return self.evaluation_schedule(**overrides).steps(total_steps)
+
+    def full_evaluation_steps(self, total_steps: int, **overrides: Any) -> list[int]:
+        """The steps at which every metric is measured (a subset of :meth:`evaluation_steps`)."""
+        return self.evaluation_schedule(**overrides).full_steps(total_steps)
 
     def example_batch(self, batch_size: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Return random ``(x, y)`` of the workload's shapes and dtypes, without loading any data."""
@@ -186,5 +205,5 @@ class Workload:
             "num_classes": self.num_classes,
             "data": self.data_notes,
             "eval_examples": dict(self.eval_examples),
-            "evaluation_schedule": {"num_regular": self.schedule.num_regular, "early_ratio": self.schedule.early_ratio},
+            "evaluation_schedule": self.schedule.describe(),
         }

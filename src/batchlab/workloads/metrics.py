@@ -5,7 +5,7 @@ Conventions:
 - Logits are ``(N, K)`` for classifiers and ``(N, L, K)`` for language models (K = vocabulary size);
   targets are ``(N,)`` or ``(N, L)`` int64. Language-model losses and metrics are per token.
 - Cross entropy is in nats (per example, or per token for language models).
-- **Label smoothing follows Shallue et al.** (science.md 3.3): a smoothing ``ls`` removes mass ``ls``
+- **Label smoothing follows Shallue et al.** (docs/methods.md, "Optimizers, schedules and search spaces"): a smoothing ``ls`` removes mass ``ls``
   from the true class and gives ``ls / (K - 1)`` to each other class. This equals the common
   ``(1 - eps) * onehot + eps / K`` used by :func:`torch.nn.functional.cross_entropy` with
   ``eps = ls * K / (K - 1)``, which is how it is computed here.

@@ -21,7 +21,10 @@ shakespeare/transformer_char   adam, lr 0.003, batch size 32          1050      
 =============================  =====================================  ==============  =======
 
 ``cifar_10/resnet_8`` needs the official archive, which is not available offline; its budget is an
-estimate.
+estimate. The steps to goal above were read on the schedule used before resolution steps existed
+(every metric at the full steps only: to within 1/25 or 1/20 of the budget); every workload's
+schedule now also bounds the relative resolution of steps to the goal (5% by default:
+:mod:`batchlab.workloads.schedule`, docs/methods.md, "Evaluation schedule and resolution").
 """
 
 from __future__ import annotations

@@ -1,0 +1,324 @@
+"""Import long-format measurements from any trainer (``batchlab import table FILE --store DIR``).
+
+The file is CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``, ``.pq``), one row per trial and
+evaluation step (docs/methods.md, "Table import"):
+
+- required columns ``workload`` (``dataset/model/optimizer``), ``batch_size`` (integer >= 1),
+  ``trial_id`` (integer >= 0, unique per workload and batch size) and ``step`` (integer >= 0,
+  optimizer updates before the evaluation; at most one row per trial and step);
+- metric columns: every column whose name contains ``/`` (``val/classification_error``,
+  ``train/cross_entropy_error``, ...); numbers, an empty cell meaning "not evaluated at this step";
+- optional, constant within a trial: ``status`` (one of :data:`batchlab.store.schema.STATUSES`,
+  default COMPLETE), ``steps`` (updates the trial ran; default its last step), ``seed`` (integer);
+  optional, constant within a workload and batch size: ``train_steps`` (the step budget; default
+  unknown), ``train_examples``;
+- parameter columns ``param:<name>`` (e.g. ``param:learning_rate``), constant within a trial; an
+  empty cell leaves the parameter out of that trial.
+
+Any other column is an error (so a typo never silently drops data). The import is atomic: the
+whole file is checked first and any problem (a missing column, a non-numeric step, a batch size
+< 1, two statuses within one trial, a step twice within a trial, a trial id already used in the
+store under another key) raises BatchlabError with one line and writes nothing; otherwise every
+trial is published in one commit. Each trial's key is ``table:<file name>:<workload>/<batch
+size>/<trial id>``, so importing the same file again adds nothing. Each workload and batch size
+gets a study definition with source ``table import:<file name>`` (its ``train_steps`` and
+``train_examples`` when given, evaluation ``{"rule": "recorded"}``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from batchlab.errors import BatchlabError
+from batchlab.store.schema import SCHEMAS, STATUSES
+from batchlab.store.store import Store, split_workload
+from batchlab.store.studies import make_study_definition, study_id
+from batchlab.store.writer import study_row
+
+REQUIRED = ("workload", "batch_size", "trial_id", "step")
+PER_TRIAL = ("status", "steps", "seed")
+PER_STUDY = ("train_steps", "train_examples")
+PARAM_PREFIX = "param:"
+SUFFIXES = (".csv", ".csv.gz", ".parquet", ".pq")
+
+
+@dataclass
+class TableImportReport:
+    """What a table import did."""
+
+    file: str
+    studies: int = 0
+    trials: int = 0
+    trials_added: int = 0
+    trials_already_present: int = 0
+    measurements_added: int = 0
+    metrics: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict:
+        return {"file": self.file, "studies": self.studies, "trials": self.trials,
+                "trials_added": self.trials_added, "trials_already_present": self.trials_already_present,
+                "measurements_added": self.measurements_added, "metrics": list(self.metrics)}
+
+
+def source_name(path: Path) -> str:
+    """The source (trials and study definitions) of an import of ``path``."""
+    return f"table import:{Path(path).name}"
+
+
+def _read(path: Path) -> pa.Table:
+    """The file as an Arrow table; BatchlabError if unreadable or of an unknown kind. CSV cells are
+    null only when empty (``nan`` and ``inf`` are numbers, as in the release import)."""
+    name = path.name.lower()
+    if not any(name.endswith(s) for s in SUFFIXES):
+        raise BatchlabError(f"table file {path} must end in one of {', '.join(SUFFIXES)}")
+    if not path.exists():
+        raise BatchlabError(f"table file {path} does not exist")
+    if not path.is_file():
+        raise BatchlabError(f"table file {path} is not a file")
+    try:
+        if name.endswith((".parquet", ".pq")):
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(path)
+        else:
+            import pyarrow.csv as pacsv
+
+            table = pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(
+                strings_can_be_null=True, null_values=[""]))
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise BatchlabError(f"cannot read {path}: {' '.join(str(exc).split())}") from None
+    dup = sorted({c for c in table.column_names if table.column_names.count(c) > 1})
+    if dup:
+        raise BatchlabError(f"{path.name}: column {dup[0]!r} occurs twice")
+    return table
+
+
+def _metric_values(table: pa.Table, column: str, file: str) -> pa.Array:
+    """A metric column as float64 (null = not evaluated, NaN kept); BatchlabError if non-numeric."""
+    col = table.column(column).combine_chunks()
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    if pa.types.is_null(col.type):
+        return pa.nulls(len(col), pa.float64())
+    if pa.types.is_boolean(col.type) or not (
+        pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_string(col.type)
+        or pa.types.is_large_string(col.type) or pa.types.is_decimal(col.type)
+    ):
+        raise BatchlabError(f"{file}: metric column {column!r} must hold numbers, not {col.type}")
+    try:
+        return col.cast(pa.float64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        for value in col.to_pylist():
+            if value is None:
+                continue
+            try:
+                float(value)
+            except ValueError:
+                raise BatchlabError(f"{file}: metric column {column!r} must hold numbers, got {value!r}") from None
+        raise BatchlabError(f"{file}: metric column {column!r} must hold numbers") from None
+
+
+def _optional_integers(df, column: str, minimum: int, file: str):
+    """An optional integer column as floats (NaN where empty), checked like :func:`_integers`."""
+    values = _integers(df, column, minimum, file, allow_null=True).astype(np.float64)
+    values[df[column].isna().to_numpy()] = np.nan
+    return values
+
+
+def _as_ints(values: dict) -> dict:
+    return {k: None if v is None or (isinstance(v, float) and math.isnan(v)) else int(v) for k, v in values.items()}
+
+
+def _first_bad(series, ok) -> object:
+    return series[~ok].iloc[0]
+
+
+def _integers(df, column: str, minimum: int, file: str, *, allow_null: bool = False):
+    """Column as int64 numpy (nulls -> ``-1`` if allowed); BatchlabError naming the first bad value."""
+    import pandas as pd
+
+    raw = df[column]
+    numeric = pd.to_numeric(raw, errors="coerce")
+    present = raw.notna()
+    if not allow_null and not present.all():
+        raise BatchlabError(f"{file}: column {column!r} has an empty cell (row {int(np.argmin(present.to_numpy())) + 1})")
+    bad = present & (numeric.isna() | ~np.isfinite(numeric.fillna(0)) | (numeric.fillna(0) % 1 != 0))
+    if bad.any():
+        raise BatchlabError(f"{file}: column {column!r} must hold integers, got {_first_bad(raw, ~bad)!r}")
+    small = present & (numeric < minimum)
+    if small.any():
+        raise BatchlabError(f"{file}: column {column!r} must be >= {minimum}, got {_first_bad(raw, ~small)!r}")
+    return numeric.fillna(-1).astype(np.int64).to_numpy()
+
+
+def _constant(df, keys: list[str], column: str, file: str, what: str) -> dict:
+    """{key tuple: the one value of ``column``} per group; BatchlabError if a group has two."""
+    values = {}
+    for key, series in df.groupby(keys, sort=True)[column]:
+        distinct = series.dropna().unique()
+        if len(distinct) > 1:
+            label = "/".join(str(k) for k in key)
+            raise BatchlabError(
+                f"{file}: {what} {label} has conflicting {column!r} values {distinct[0]!r} and {distinct[1]!r}"
+            )
+        values[tuple(key)] = distinct[0] if len(distinct) else None
+    return values
+
+
+def _plain(value):
+    """A parameter value as plain JSON (numpy scalars -> Python; integral floats stay floats)."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        raise BatchlabError(f"parameter values must be finite, got {value!r}")
+    return value
+
+
+def import_table(store: Store, path: str | Path) -> TableImportReport:
+    """Check the table file at ``path`` and publish its trials into ``store`` in one commit.
+
+    BatchlabError (one line, nothing written) for any problem listed in the module docstring."""
+
+    path = Path(path)
+    file = path.name
+    table = _read(path)
+    columns = list(table.column_names)
+    missing = [c for c in REQUIRED if c not in columns]
+    if missing:
+        raise BatchlabError(f"{file}: missing column(s) {', '.join(missing)}; required: {', '.join(REQUIRED)}, "
+                            "plus metric columns named split/metric")
+    metrics = [c for c in columns if "/" in c and not c.startswith(PARAM_PREFIX)]
+    params = [c for c in columns if c.startswith(PARAM_PREFIX)]
+    known = set(REQUIRED) | set(PER_TRIAL) | set(PER_STUDY) | set(metrics) | set(params)
+    other = [c for c in columns if c not in known]
+    if other:
+        raise BatchlabError(
+            f"{file}: unknown column {other[0]!r}; columns are {', '.join(REQUIRED)}, metrics named "
+            f"split/metric (e.g. val/classification_error), parameters named {PARAM_PREFIX}<name>, and "
+            f"optional {', '.join(PER_TRIAL + PER_STUDY)}"
+        )
+    if not metrics:
+        raise BatchlabError(f"{file}: no metric column (metric columns are named split/metric, "
+                            "e.g. val/classification_error)")
+    if any(p == PARAM_PREFIX for p in params):
+        raise BatchlabError(f"{file}: a parameter column needs a name after {PARAM_PREFIX!r}")
+    if table.num_rows == 0:
+        raise BatchlabError(f"{file}: the table has no rows")
+    metric_arrays = {m: _metric_values(table, m, file) for m in metrics}
+    df = table.drop_columns(metrics).to_pandas()
+
+    # ---- per-row checks
+    if not df["workload"].notna().all():
+        raise BatchlabError(f"{file}: column 'workload' has an empty cell")
+    df["workload"] = df["workload"].astype(str)
+    for w in df["workload"].unique():
+        split_workload(w)
+    df["batch_size"] = _integers(df, "batch_size", 1, file)
+    df["trial_id"] = _integers(df, "trial_id", 0, file)
+    df["step"] = _integers(df, "step", 0, file)
+    trial = ["workload", "batch_size", "trial_id"]
+    dup = df.duplicated(trial + ["step"])
+    if dup.any():
+        row = df[dup].iloc[0]
+        raise BatchlabError(f"{file}: trial {row['workload']}/{row['batch_size']}/{row['trial_id']} has "
+                            f"step {row['step']} twice")
+
+    # ---- per-trial and per-study values
+    if "status" in columns:
+        bad = df["status"].notna() & ~df["status"].isin(STATUSES)
+        if bad.any():
+            raise BatchlabError(f"{file}: unknown status {_first_bad(df['status'], ~bad)!r}; "
+                                f"known: {', '.join(STATUSES)}")
+        statuses = _constant(df, trial, "status", file, "trial")
+    else:
+        statuses = {}
+    per_trial = {}
+    for c in ("steps", "seed"):
+        if c in columns:
+            df[c] = _optional_integers(df, c, 0, file)
+            per_trial[c] = _as_ints(_constant(df, trial, c, file, "trial"))
+    per_study = {}
+    for c in PER_STUDY:
+        if c in columns:
+            df[c] = _optional_integers(df, c, 1 if c == "train_examples" else 0, file)
+            per_study[c] = _as_ints(_constant(df, ["workload", "batch_size"], c, file, "workload and batch size"))
+    param_values = {p: _constant(df, trial, p, file, "trial") for p in params}
+    last_step = df.groupby(trial, sort=True)["step"].max().to_dict()
+
+    # ---- rows
+    source = source_name(path)
+    definitions = {}
+    for (w, b) in sorted(set(zip(df["workload"], df["batch_size"]))):
+        key = (w, int(b))
+        definitions[key] = make_study_definition(
+            workload=w, batch_size=int(b),
+            train_steps=per_study.get("train_steps", {}).get(key),
+            train_examples=per_study.get("train_examples", {}).get(key),
+            evaluation={"rule": "recorded"}, source=source,
+        )
+    trial_rows = []
+    for key in sorted(last_step):
+        w, b, t = key[0], int(key[1]), int(key[2])
+        parameters = {}
+        for p in params:
+            value = param_values[p][key]
+            if value is not None and not (isinstance(value, float) and math.isnan(value)):
+                parameters[p[len(PARAM_PREFIX):]] = _plain(value)
+        steps = per_trial.get("steps", {}).get(key)
+        trial_rows.append({
+            "workload": w, "batch_size": b, "trial_id": t,
+            "trial_key": f"table:{file}:{w}/{b}/{t}", "study_id": study_id(definitions[(w, b)]),
+            "parameters": json.dumps(parameters, sort_keys=True),
+            "status": statuses.get(key) or "COMPLETE",
+            "steps": int(last_step[key]) if steps is None else steps,
+            "seed": per_trial.get("seed", {}).get(key), "source": source,
+        })
+    trials = pa.Table.from_pylist(trial_rows, schema=SCHEMAS["trials"])
+    # long rows: one per non-empty metric cell (null = not evaluated; NaN and inf are values)
+    parts = []
+    base = {"workload": pa.array(df["workload"].to_numpy(), pa.string()),
+            "batch_size": pa.array(df["batch_size"].to_numpy(np.int64)),
+            "trial_id": pa.array(df["trial_id"].to_numpy(np.int64)),
+            "step": pa.array(df["step"].to_numpy(np.int64))}
+    for m in metrics:
+        values = metric_arrays[m]
+        part = pa.table({**base, "metric": pa.array([m] * len(values), pa.string()), "value": values})
+        parts.append(part.filter(values.is_valid()))
+    measurements = pa.concat_tables(parts).sort_by(
+        [("workload", "ascending"), ("metric", "ascending"), ("batch_size", "ascending"),
+         ("trial_id", "ascending"), ("step", "ascending")]).cast(SCHEMAS["measurements"])
+    workloads = {}
+    for w in definitions:
+        dataset, model, optimizer = split_workload(w[0])
+        workloads.setdefault(w[0], {"workload": w[0], "dataset": dataset, "model": model,
+                                    "optimizer": optimizer, "tags": json.dumps({"source": source})})
+    studies = pa.Table.from_pylist([study_row(d) for d in definitions.values()], schema=SCHEMAS["studies"])
+
+    report = TableImportReport(file=str(path), studies=len(definitions), trials=trials.num_rows,
+                               metrics=tuple(metrics))
+    before = store.finished_trial_keys() & {r["trial_key"] for r in trial_rows}
+    files = [store.write_data_file("measurements", measurements)] if measurements.num_rows else []
+    try:
+        report.trials_added = store.publish(
+            trials, files, pa.Table.from_pylist(list(workloads.values()), schema=SCHEMAS["workloads"]),
+            studies, operation=f"import table {file}")
+    except BaseException:
+        for rel in files:
+            (store.root / rel).unlink(missing_ok=True)
+        raise
+    report.trials_already_present = report.trials - report.trials_added
+    if not before:
+        report.measurements_added = measurements.num_rows
+    else:  # trials already published were skipped, with their measurements
+        skipped = {(r["workload"], r["batch_size"], r["trial_id"]) for r in trial_rows if r["trial_key"] in before}
+        keys = zip(df["workload"], df["batch_size"], df["trial_id"])
+        rows_skipped = np.array([k in skipped for k in keys])
+        report.measurements_added = measurements.num_rows - int(sum(
+            np.sum(rows_skipped & np.asarray(metric_arrays[m].is_valid())) for m in metrics))
+    return report

@@ -1,0 +1,97 @@
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from batchlab.analysis.steps_table import fit_steps_table, read_steps_table, steps_table_curves
+from batchlab.errors import BatchlabError
+
+KEYS = {"group", "s_min", "e_min", "mccandlish_b_crit", "overhead_20pct", "perfect_scaling_end",
+        "maximal_parallelism_start", "residual"}
+
+
+def table():
+    rows = []
+    for optimizer, b_crit in (("sgd", 64.0), ("momentum", 256.0)):
+        for b in 2 ** np.arange(0, 12):
+            rows.append({"optimizer": optimizer, "batch_size": int(b), "steps": round(1000 * (1 + b_crit / b)),
+                         "lr": 0.1, "note": "x"})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_group_by_fits_one_curve_per_value(tmp_path, suffix):
+    path = tmp_path / f"steps{suffix}"
+    frame = table()
+    frame.to_csv(path, index=False) if suffix == ".csv" else frame.to_parquet(path)
+    out = fit_steps_table(path, group_by="optimizer")
+    assert [r["group"] for r in out] == ["momentum", "sgd"]
+    for row, b_crit in zip(out, (256.0, 64.0)):
+        assert KEYS <= set(row) and row["error"] is None
+        assert row["mccandlish_b_crit"] == pytest.approx(b_crit, rel=1e-2)
+        assert row["s_min"] == pytest.approx(1000, rel=1e-2)
+        assert row["residual"] < 1e-2 and row["b0"] == 1 and row["points_used"] == 12
+    sgd = out[1]
+    assert sgd["perfect_scaling_end"] == 4 and sgd["maximal_parallelism_start"] == 512
+    json.dumps(out)  # JSON-ready
+    with pytest.raises(BatchlabError, match=r"duplicate batch size\(s\) \[1, 2, 4"):  # both optimizers in one curve
+        fit_steps_table(path)
+
+
+def test_whole_table_without_group_and_censoring(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("batch_size,steps,reached,budget\n16,64000,true,\n64,16500,true,\n256,4600,true,\n"
+                    "1024,,false,3000\n4096,,false,3000\n")
+    (row,) = fit_steps_table(path)
+    assert row["group"] is None and row["censored_batch_sizes"] == [1024, 4096]
+    assert [r["regime"] for r in row["regimes"]][3:] == [None, None]
+    curve = steps_table_curves(read_steps_table(path))[0][1]
+    assert curve.censored_at == (None, None, None, 3000, 3000)
+
+
+def test_too_few_reached_points_is_reported_per_group(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("g,batch_size,steps\na,1,100\na,2,50\na,4,25\nb,1,100\nb,2,\n")
+    out = fit_steps_table(path, group_by="g")
+    assert out[0]["error"] is None and "at least 2" in out[1]["error"] and out[1]["mccandlish_b_crit"] is None
+
+
+@pytest.mark.parametrize(
+    "text, group_by, fragment",
+    [
+        ("batch_size,step\n1,10\n", None, "lacks column(s) ['steps']"),
+        ("size,steps\n1,10\n", None, "lacks column(s) ['batch_size']"),
+        ("batch_size,steps\n0,10\n2,5\n", None, "batch sizes must be whole numbers > 0"),
+        ("batch_size,steps\n-2,10\n2,5\n", None, "batch sizes must be whole numbers > 0"),
+        ("batch_size,steps\n1.5,10\n2,5\n", None, "batch sizes must be whole numbers > 0"),
+        ("batch_size,steps\n1,0\n2,5\n", None, "steps must be > 0"),
+        ("batch_size,steps\n1,-3\n2,5\n", None, "steps must be > 0"),
+        ("batch_size,steps\n1,ten\n2,5\n", None, "column 'steps' must be numeric"),
+        ("batch_size,steps,reached\n1,10,maybe\n2,5,true\n", None, "column 'reached' must be true or false"),
+        ("batch_size,steps\n1,10\n2,5\n", "optimizer", "unknown group column 'optimizer'; allowed: ['batch_size', 'steps']"),
+        ("g,batch_size,steps\na,1,10\na,1,5\n", "g", "duplicate batch size(s) [1] in group g='a'"),
+        ("batch_size,steps\n", None, "has no rows"),
+    ],
+)
+def test_bad_tables_are_one_line_errors(tmp_path, text, group_by, fragment):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    with pytest.raises(BatchlabError) as info:
+        fit_steps_table(path, group_by=group_by)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_bad_paths_and_tolerance(tmp_path):
+    with pytest.raises(BatchlabError, match=r"unknown format '.txt'; allowed: .csv, .parquet, .pq"):
+        fit_steps_table(tmp_path / "t.txt")
+    with pytest.raises(BatchlabError, match="does not exist"):
+        fit_steps_table(tmp_path / "missing.csv")
+    path = tmp_path / "t.csv"
+    path.write_text("batch_size,steps\n1,100\n2,50\n4,30\n")
+    with pytest.raises(BatchlabError, match=r"tolerance must be in \(0, 1\)"):
+        fit_steps_table(path, tolerance=1.5)
+    garbage = tmp_path / "g.parquet"
+    garbage.write_bytes(b"not parquet")
+    with pytest.raises(BatchlabError, match="cannot read steps table"):
+        fit_steps_table(garbage)

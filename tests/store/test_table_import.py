@@ -1,0 +1,116 @@
+"""``import_table``: long-format measurements from any trainer, atomic, one line per problem."""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from batchlab.errors import BatchlabError
+from batchlab.store import Store, TrialRecord, publish_trials
+from batchlab.store.table_import import import_table
+
+W = "mnist/fc_64_64_64/sgd"
+HEADER = "workload,batch_size,trial_id,step,val/classification_error,train/cross_entropy_error,param:learning_rate,status"
+GOOD = [
+    f"{W},64,1,0,0.9,2.3,0.1,",
+    f"{W},64,1,10,0.5,,0.1,",
+    f"{W},64,1,20,nan,1.0,0.1,",
+    f"{W},64,2,0,0.9,2.3,0.3,INFEASIBLE",
+    f"{W},128,1,0,0.9,2.3,0.2,STOPPED_AT_GOAL",
+    f"{W},128,1,5,0.02,2.1,0.2,STOPPED_AT_GOAL",
+]
+
+
+def write(path, rows, header=HEADER):
+    path.write_text("\n".join([header, *rows]) + "\n")
+    return path
+
+
+def test_import_csv_builds_trials_studies_and_measurements(tmp_path, store):
+    report = import_table(store, write(tmp_path / "runs.csv", GOOD))
+    assert (report.studies, report.trials_added, report.measurements_added) == (2, 3, 11)
+    con = store.connect()
+    trials = con.execute("SELECT batch_size, trial_id, trial_key, parameters, status, steps, source "
+                         "FROM trials ORDER BY 1, 2").fetchall()
+    assert trials == [
+        (64, 1, f"table:runs.csv:{W}/64/1", '{"learning_rate": 0.1}', "COMPLETE", 20, "table import:runs.csv"),
+        (64, 2, f"table:runs.csv:{W}/64/2", '{"learning_rate": 0.3}', "INFEASIBLE", 0, "table import:runs.csv"),
+        (128, 1, f"table:runs.csv:{W}/128/1", '{"learning_rate": 0.2}', "STOPPED_AT_GOAL", 5, "table import:runs.csv"),
+    ]
+    values = con.execute("SELECT step, value FROM measurements WHERE batch_size = 64 AND trial_id = 1 "
+                         "AND metric = 'val/classification_error' ORDER BY step").fetchall()
+    assert values[:2] == [(0, 0.9), (10, 0.5)] and values[2][0] == 20 and math.isnan(values[2][1])
+    # an empty cell is "not evaluated"
+    assert con.execute("SELECT count(*) FROM measurements WHERE trial_id = 1 AND batch_size = 64 AND step = 10 "
+                       "AND metric = 'train/cross_entropy_error'").fetchone() == (0,)
+    studies = store.study_definitions(W)
+    assert [s["definition"]["source"] for s in studies] == ["table import:runs.csv"] * 2
+    assert [s["n_trials"] for s in studies] == [2, 1]
+    # importing again adds nothing
+    again = import_table(store, tmp_path / "runs.csv")
+    assert (again.trials_added, again.trials_already_present, again.measurements_added) == (0, 3, 0)
+    assert len(store.study_definitions()) == 2
+
+
+def test_import_parquet_with_optional_columns(tmp_path, store):
+    df = pd.DataFrame({
+        "workload": [W] * 3, "batch_size": [32] * 3, "trial_id": [7] * 3, "step": [0, 50, 100],
+        "val/classification_error": [0.9, 0.2, 0.1], "param:learning_rate": [0.5] * 3,
+        "param:optimizer_name": ["sgd"] * 3, "steps": [120] * 3, "seed": [4] * 3,
+        "train_steps": [200] * 3, "train_examples": [1000] * 3,
+    })
+    df.to_parquet(tmp_path / "runs.parquet")
+    report = import_table(store, tmp_path / "runs.parquet")
+    assert (report.trials_added, report.measurements_added) == (1, 3)
+    row = store.connect().execute("SELECT parameters, steps, seed FROM trials").fetchone()
+    assert json.loads(row[0]) == {"learning_rate": 0.5, "optimizer_name": "sgd"} and row[1:] == (120, 4)
+    (s,) = store.study_definitions()
+    assert (s["definition"]["train_steps"], s["definition"]["train_examples"]) == (200, 1000)
+
+
+@pytest.mark.parametrize("header, rows, match", [
+    ("workload,batch_size,step,val/classification_error", [f"{W},64,0,0.5"], "missing column.*trial_id"),
+    (HEADER, [f"{W},64,1,zero,0.5,1,0.1,"], "column 'step' must hold integers, got 'zero'"),
+    (HEADER, [f"{W},64,1,1.5,0.5,1,0.1,"], "column 'step' must hold integers"),
+    (HEADER, [f"{W},0,1,0,0.5,1,0.1,"], "column 'batch_size' must be >= 1"),
+    (HEADER, [f"{W},-64,1,0,0.5,1,0.1,"], "column 'batch_size' must be >= 1"),
+    (HEADER, [f"{W},64,1,0,0.5,1,0.1,COMPLETE", f"{W},64,1,1,0.5,1,0.1,INFEASIBLE"], "conflicting 'status'"),
+    (HEADER, [f"{W},64,1,0,0.5,1,0.1,", f"{W},64,1,0,0.4,1,0.1,"], "step 0 twice"),
+    (HEADER, [f"{W},64,1,0,0.5,1,0.1,DONE"], "unknown status 'DONE'"),
+    (HEADER, [f"{W},64,1,0,bad,1,0.1,"], "metric column 'val/classification_error' must hold numbers, got 'bad'"),
+    (HEADER, [f"{W},64,1,0,0.5,1,0.1,", f"{W},64,1,1,0.5,1,0.2,"], "conflicting 'param:learning_rate'"),
+    (HEADER, [f"mnist/fc,64,1,0,0.5,1,0.1,"], "dataset/model/optimizer"),
+    (HEADER + ",loss", [f"{W},64,1,0,0.5,1,0.1,,0.3"], "unknown column 'loss'"),
+    ("workload,batch_size,trial_id,step", [f"{W},64,1,0"], "no metric column"),
+    (HEADER, [], "no rows"),
+])
+def test_malformed_tables_are_one_line_errors_and_write_nothing(tmp_path, store, header, rows, match):
+    path = write(tmp_path / "bad.csv", rows, header)
+    with pytest.raises(BatchlabError, match=match) as info:
+        import_table(store, path)
+    assert "\n" not in str(info.value)
+    assert store.state().seq == 0
+    assert not any((store.root / "data").rglob("*.parquet"))
+
+
+def test_a_trial_id_used_in_the_store_is_a_collision(tmp_path, store):
+    publish_trials(store, [TrialRecord(workload=W, batch_size=64, trial_id=2, trial_key="mine",
+                                       parameters={}, status="COMPLETE", steps=1)])
+    seq = store.state().seq
+    with pytest.raises(BatchlabError, match="trial id 2 .* already published"):
+        import_table(store, write(tmp_path / "runs.csv", GOOD))
+    assert store.state().seq == seq and store.table("trials").num_rows == 1
+    assert len(list((store.root / "data" / "measurements").glob("*.parquet"))) == 0
+
+
+def test_unknown_file_kind_is_refused(tmp_path, store):
+    (tmp_path / "runs.txt").write_text("x")
+    with pytest.raises(BatchlabError, match="must end in one of"):
+        import_table(store, tmp_path / "runs.txt")
+    with pytest.raises(BatchlabError, match="does not exist"):
+        import_table(store, tmp_path / "none.csv")
+
+
+def test_store_fixture_is_fresh(store):
+    assert isinstance(store, Store) and store.state().seq == 0
