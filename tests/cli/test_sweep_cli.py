@@ -89,11 +89,17 @@ def test_budget_rule_flags(tmp_path):
     assert "exclude each other" in message
 
 
-def test_stricter_goal_than_the_stop_rule_is_refused(tmp_path):
-    message = _one_line_error(run_cli("mnist/fc_64_64_64", "--batch-sizes", "8", "--trials", "1", "--steps", "2",
-                                      "--goal", "0.001", "--store", str(tmp_path / "s")))
-    assert "stricter than the goal" in message and "--no-stop-at-goal" in message
-    assert not (tmp_path / "s").exists()
+def test_trials_stop_at_and_record_the_sweeps_goal(tmp_path):
+    store = tmp_path / "s"
+    result = run_cli("mnist/fc_64_64_64", "--optimizer", "sgd", "--batch-sizes", "64", "--trials", "1",
+                     "--steps", "3", "--train-examples", "256", "--goal", "0.999", "--store", str(store), "--json")
+    assert result.returncode == 0, result.stderr
+    from batchlab.store import Store
+
+    rows = Store.open(store).study_definitions("mnist/fc_64_64_64/sgd")
+    assert [r["definition"]["stop_rule"]["goal"] for r in rows] == [0.999]
+    trials = Store.open(store).table("trials").to_pylist()
+    assert [t["status"] for t in trials] == ["STOPPED_AT_GOAL"]  # 0.999 error is beaten at the first evaluation
 
 
 def test_non_finite_goal_is_rejected_before_any_trial_runs(tmp_path):

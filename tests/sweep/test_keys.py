@@ -37,11 +37,12 @@ def test_study_ids_follow_the_settings_that_define_the_measurement():
     assert _study().digest == base.digest
     # Not part of the measurement: how it runs, which other batch sizes or optimizers, how many trials.
     for same in ({"workers": 7}, {"vectorize": "never"}, {"batch_sizes": [8, 32, 128]}, {"trials": 5},
-                 {"optimizers": ["sgd", "adam"]}, {"goal": 0.5}, {"executor": "dask"}):
+                 {"optimizers": ["sgd", "adam"]}, {"executor": "dask"}):
         assert _study(**same).digest == base.digest, same
         assert _study(**same).sweep == base.sweep, same
-    # Part of it: the budget, training set, seed, stop rule, evaluation schedule, search space.
-    for other in ({"steps": 60}, {"train_examples": 1000}, {"seed": 1}, {"stop_at_goal": False},
+    # Part of it: the budget, training set, seed, goal (trials stop at it and refine its bracket),
+    # stop rule, evaluation schedule, search space.
+    for other in ({"steps": 60}, {"train_examples": 1000}, {"seed": 1}, {"goal": 0.5}, {"stop_at_goal": False},
                   {"resolution": 0.1}, {"evaluations": 10}, {"schedule": "linear"},
                   {"search_spaces": {"sgd": {"learning_rate": {"type": "DOUBLE", "min_value": 0.1,
                                                                "max_value": 1.0, "scale": "LOG"}}}}):

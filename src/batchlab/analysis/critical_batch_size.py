@@ -436,8 +436,14 @@ def read_regimes(curve: StepsCurve, tolerance: float = 0.1, b0: float | None = N
     mp = {"value": None, "reason": None, "n_points": 0, "interpolated": None}
     unknown_after = []
     if not start_candidates:
-        mp["reason"] = (f"beyond the measured range: an unreached batch size above every reached one is known to need more "
-                        f"than {limit_mp:.4g} steps")
+        top = max(bad)
+        if top in reached:
+            mp["reason"] = (f"not seen in the measured range: the largest measured batch size ({top}) needs "
+                            f"{steps[top]:.4g} steps, more than (1 + {tolerance:g}) x the minimum measured steps "
+                            f"({s_low:.4g}); steps rise again at large batch sizes")
+        else:
+            mp["reason"] = (f"beyond the measured range: an unreached batch size above every reached one is known to "
+                            f"need more than {limit_mp:.4g} steps")
     else:
         mp_start = min(start_candidates)
         n_mp = sum(1 for b in reached if b >= mp_start)

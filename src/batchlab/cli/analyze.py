@@ -188,6 +188,7 @@ def steps_to_result_command(
 ) -> None:
     """Steps to result per batch size: the best trial's earliest evaluation step that beats the goal,
     with its resolution bracket (steps_lower, steps], or censored_at where no trial reached it."""
+    from batchlab.analysis.metaparameters import search_edge_warnings
     from batchlab.analysis.steps_to_result import steps_to_result_many
 
     selection = make_selection(workload, metric, goal, maximize, max_trials, step_budget, example_budget, status,
@@ -195,11 +196,12 @@ def steps_to_result_command(
     con = connect_store(store)
     try:
         results = steps_to_result_many(con, [selection])[0]
+        edges = search_edge_warnings(con, results)
     finally:
         con.close()
     if as_json:
         for result in results:
-            print(json.dumps(result.to_dict()))
+            print(json.dumps(result.to_dict() | {"search_edge": _edges_at(edges, result.batch_size)}))
         return
     from rich.console import Console
     from rich.table import Table
@@ -223,7 +225,15 @@ def steps_to_result_command(
             _fmt(r.effective_learning_rate),
             f"{r.n_reached}/{r.n_trials}",
         )
-    Console(width=160, markup=False, highlight=False).print(table)
+    console = Console(width=160, markup=False, highlight=False)
+    console.print(table)
+    for edge in edges:
+        console.print(f"warning: {edge['message']}")
+
+
+def _edges_at(edges: list[dict], batch_size: int) -> list[dict]:
+    """The search-edge warnings of one batch size (docs/methods.md, "Search-edge warnings")."""
+    return [e for e in edges if e["batch_size"] == batch_size]
 
 
 @analyze_app.command("critical-batch-size")
@@ -255,6 +265,9 @@ def critical_batch_size_command(
     ),
     group_by: str | None = typer.Option(None, "--group-by", metavar="COLUMN",
                                         help="With --steps-table: fit one curve per value of this column."),
+    b0: float | None = typer.Option(
+        None, "--b0", help="Batch size perfect scaling is measured from (a reached one; default: the smallest "
+                           "reached). Give the same B0 to optimizers you compare."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (one object; one per group with --steps-table)."),
 ) -> None:
     """Fit S(B) = S_min + E_min/B (censored, bracket-weighted); named critical batch sizes with intervals;
@@ -266,7 +279,7 @@ def critical_batch_size_command(
                                           ("--goal", goal), ("--study", study)) if value]
         if given:
             raise BatchlabError(f"--steps-table fits the table alone; leave out {', '.join(given)}")
-        _critical_batch_size_table(steps_table, group_by, tolerance, as_json)
+        _critical_batch_size_table(steps_table, group_by, tolerance, as_json, b0)
         return
     if group_by is not None:
         raise BatchlabError("--group-by needs --steps-table FILE")
@@ -275,6 +288,7 @@ def critical_batch_size_command(
     if missing:
         raise BatchlabError(f"missing {', '.join(missing)} (or give --steps-table FILE)")
     from batchlab.analysis.bootstrap import critical_batch_size_with_intervals
+    from batchlab.analysis.metaparameters import search_edge_warnings
     from batchlab.analysis.steps_to_result import steps_to_result_many
 
     selection = make_selection(workload, metric, goal, maximize, max_trials, step_budget, example_budget, status,
@@ -283,13 +297,15 @@ def critical_batch_size_command(
     try:
         results = steps_to_result_many(con, [selection])[0]  # checks the selection and its studies first
         estimate = critical_batch_size_with_intervals(con, selection, n_boot=n_boot, level=level, seed=seed,
-                                                      tolerance=tolerance)
+                                                      tolerance=tolerance, b0=b0)
+        edges = search_edge_warnings(con, results)
     finally:
         con.close()
     summary = {"selection": selection.describe() | trials_description(selection, results)} | estimate.to_dict()
     summary["brackets"] = [
         {"batch_size": r.batch_size, "steps": r.steps, "steps_lower": r.steps_lower, "censored_at": r.censored_at,
-         "n_trials": r.n_trials, "n_reached": r.n_reached, "study_ids": r.study_ids}
+         "n_trials": r.n_trials, "n_reached": r.n_reached, "study_ids": r.study_ids,
+         "search_edge": _edges_at(edges, r.batch_size)}
         for r in results
     ]
     summary = _jsonable(summary)
@@ -299,13 +315,14 @@ def critical_batch_size_command(
     _print_critical_batch_size(summary, trials_caption(selection, results))
 
 
-def _critical_batch_size_table(path: Path, group_by: str | None, tolerance: float, as_json: bool) -> None:
+def _critical_batch_size_table(path: Path, group_by: str | None, tolerance: float, as_json: bool,
+                               b0: float | None = None) -> None:
     """``--steps-table``: fit each group of a plain steps table (batchlab.analysis.steps_table)."""
     if not Path(path).is_file():
         raise BatchlabError(f"steps table {str(path)!r} does not exist or is not a file")
     from batchlab.analysis.steps_table import fit_steps_table
 
-    groups = fit_steps_table(path, group_by=group_by, tolerance=tolerance)
+    groups = fit_steps_table(path, group_by=group_by, tolerance=tolerance, b0=b0)
     rows = [_jsonable(dict(g)) for g in groups]
     if as_json:
         for row in rows:
@@ -443,6 +460,8 @@ def _warnings(summary: dict, fit: dict) -> list[str]:
         for warning in source or []:
             if warning not in seen:
                 seen.append(str(warning))
+    for bracket in summary.get("brackets") or []:
+        seen.extend(edge["message"] for edge in bracket.get("search_edge") or [])
     return seen
 
 

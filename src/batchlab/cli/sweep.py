@@ -67,8 +67,9 @@ def register(app: typer.Typer) -> None:
         grow_budget: Optional[bool] = typer.Option(None, "--grow-budget/--no-grow-budget",
                                                    help="Grow the budget (and stretch decay and warmup steps) of "
                                                    "studies whose trials all ran out of steps."),
-        goal: Optional[float] = typer.Option(None, "--goal", help="Goal of the steps-to-result table (default: the "
-                                             "workload's); trials still stop at the workload's goal."),
+        goal: Optional[float] = typer.Option(None, "--goal", help="Goal on the workload's metric (default: the "
+                                             "workload's): trials stop at it and resolve its bracket; the table "
+                                             "and budget growth use it."),
         json_lines: bool = typer.Option(False, "--json", help="JSON lines on stdout instead of progress and tables."),
     ) -> None:
         """Run every (workload, optimizer, batch size) study of a sweep; resume where a previous run stopped."""

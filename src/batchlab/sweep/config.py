@@ -35,9 +35,8 @@ TOML layout (all keys top level; ``search_spaces`` and ``budgets`` are tables)::
     vectorize = "auto"         # "auto" | "always" | "never"
     # evaluations = 20         # regular evaluations of every metric per trial (absent: the workload's);
     #                          # the goal metric is also evaluated at the resolution steps
-    # goal = 0.1               # goal of the steps-to-result table and the growth rule (absent: the
-    #                          # workload's); trials still stop at the workload's goal with stop_at_goal,
-    #                          # so a stricter goal needs stop_at_goal = false
+    # goal = 0.1               # goal on the workload's metric (absent: the workload's): trials stop at it
+    #                          # with stop_at_goal, resolve its bracket, and the table and growth rule use it
 
     [budgets]                  # per-batch-size step budgets (override ``steps``)
     16 = 4000

@@ -178,16 +178,17 @@ class TrialTask:
 
 def sweep_settings(config: SweepConfig) -> dict[str, Any]:
     """The settings that define a sweep's measurements, which its :func:`~batchlab.sweep.keys.sweep_id`
-    digests: the budget rule's settings, training examples, seed, stop at goal, evaluation schedule,
+    digests: the budget rule's settings, training examples, seed, goal, stop at goal, evaluation schedule,
     search spaces and schedule. Not included: workloads, optimizers and batch sizes (each study's
     definition names its own), the number of trials (a larger sweep re-uses the first points), growth
-    settings (grown rounds have definitions of their own), the analysis goal, and how the sweep runs."""
+    settings (grown rounds have definitions of their own) and how the sweep runs. The goal is included:
+    trials stop at it (``stop_at_goal``) and resolve its bracket to the resolution."""
     return {
         "steps": config.steps, "budget_epochs": config.budget_epochs, "min_steps": config.min_steps,
         "max_steps": config.max_steps, "budgets": {str(b): s for b, s in sorted(config.budgets.items())},
         "train_examples": config.train_examples, "seed": config.seed, "stop_at_goal": config.stop_at_goal,
         "evaluations": config.evaluations, "resolution": config.resolution, "schedule": config.schedule,
-        "search_spaces": config.search_spaces,
+        "search_spaces": config.search_spaces, "goal": config.goal,
     }
 
 
@@ -226,7 +227,8 @@ def plan_studies(config: SweepConfig) -> list[StudyPlan]:
                         workload=workload.name, optimizer=optimizer, batch_size=batch_size, steps=steps,
                         trials=config.trials, seed=config.seed, train_examples=config.train_examples,
                         stop_at_goal=config.stop_at_goal, search_space=space.to_batch_science(),
-                        metric=workload.metric, goal=float(workload.goal), maximize=bool(workload.maximize),
+                        metric=workload.metric, goal=float(workload.goal if config.goal is None else config.goal),
+                        maximize=bool(workload.maximize),
                         evaluations=config.evaluations,
                         points=tuple(space.sample(config.trials, seed=config.seed)),
                         base_steps=steps, sweep=sweep, budget_rule=rule, resolution=config.resolution,

@@ -245,7 +245,8 @@ class RichReporter(Reporter):
                     text = text if text.startswith("no interval") else f"no interval: {text}"
                     note = (note + "; " if note else "") + text
                 if entry.get("interpolated"):
-                    note = (note + "; " if note else "") + "interpolated between measured batch sizes"
+                    note = ((note + "; " if note else "") + f"the ratio crosses 1 + tolerance near "
+                            f"B = {_fmt(entry['interpolated'])} (log-log interpolation between measured batch sizes)")
                 named_table.add_row(w, name, _fmt(entry.get("value"), "null"), _interval_text(entry, fit),
                                     str(entry.get("source", "")), note)
                 if isinstance(described, dict) and described.get("target"):

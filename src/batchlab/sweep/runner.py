@@ -164,31 +164,11 @@ def prepare_sweep(config: SweepConfig, store_path: str | None = None) -> SweepPl
                 resolve_hyperparameters(study.optimizer, point)
             except BatchlabError as exc:
                 raise BatchlabError(f"search space of {study.optimizer}: {exc}") from None
-    _check_goal(config, studies)
     every = _studies_with_growths(config, studies)
     blocks = _allocate_blocks(path, every)
     studies = [replace(s, id_block=blocks[(s.store_workload, s.batch_size, 0)]) for s in studies]
     return SweepPlan(config=config, store_path=str(path), studies=studies, num_parameters=num_parameters,
                      blocks=blocks, sweep_id=studies[0].sweep if studies else "")
-
-
-def _check_goal(config: SweepConfig, studies: list[StudyPlan]) -> None:
-    """BatchlabError when trials stop at the workload's goal but the table asks for a stricter one.
-
-    A trial stopped at goal ``g`` says nothing about a stricter goal (it stopped before it could
-    reach it), so such a sweep would report every batch size as not reached and grow budgets for
-    nothing."""
-    if config.goal is None or not config.stop_at_goal:
-        return
-    for study in studies:
-        stricter = config.goal > study.goal if study.maximize else config.goal < study.goal
-        if stricter:
-            op = ">" if study.maximize else "<"
-            raise BatchlabError(
-                f"goal {config.goal:g} is stricter than the goal {study.goal:g} ({study.metric} {op} {study.goal:g}) "
-                f"at which trials of {study.workload} stop; allowed: --no-stop-at-goal, or a goal no stricter "
-                f"than {study.goal:g}"
-            )
 
 
 def _studies_with_growths(config: SweepConfig, studies: list[StudyPlan]) -> list[StudyPlan]:

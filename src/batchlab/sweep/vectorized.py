@@ -38,6 +38,7 @@ import torch
 
 from batchlab.optim.schedules import learning_rate_multiplier
 from batchlab.train import TrialResult, TrialSpec, prepare_trial
+from batchlab.train.trial import trial_goal
 from batchlab.train.divergence import DivergenceMonitor
 from batchlab.train.evaluation import bracket, goal_reached, measure
 from batchlab.train.sampling import _batch_indices_unchecked
@@ -50,13 +51,13 @@ def vectorization_obstacle(specs: list[TrialSpec]) -> str | None:
 
     They must share workload, optimizer (one of :data:`VECTORIZED_OPTIMIZERS`), batch size, step
     budget, training set, evaluation schedule (explicit steps, resolution, evaluations, evaluation
-    budget, refine mode), ``stop_at_goal`` and ``label_smoothing``, and use no weight EMA.
+    budget, refine mode), ``stop_at_goal``, ``goal`` and ``label_smoothing``, and use no weight EMA.
     """
     if not specs:
         return "no trials"
     first = specs[0]
     shared = ("workload", "optimizer", "batch_size", "steps", "train_examples", "data_seed", "stop_at_goal",
-              "resolution", "evaluations", "eval_budget", "refine")
+              "goal", "resolution", "evaluations", "eval_budget", "refine")
     for spec in specs[1:]:
         for name in shared:
             if getattr(spec, name) != getattr(first, name):
@@ -111,7 +112,7 @@ def run_trials_vectorized(specs: list[TrialSpec]) -> list[TrialResult]:
     train_x, train_y = first.train_x, first.train_y
     optimizer = first.spec.optimizer
     label_smoothing = float(first.parameters.get("label_smoothing") or 0.0)
-    metric, goal, maximize = workload.metric, float(workload.goal), bool(workload.maximize)
+    metric, goal, maximize = workload.metric, trial_goal(first.spec, workload), bool(workload.maximize)
 
     states = []
     for p in prepared:

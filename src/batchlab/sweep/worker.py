@@ -46,7 +46,7 @@ def trial_spec(task: TrialTask, index: int):
         hyperparameters=dict(trial.hyperparameters), steps=study.steps, train_examples=study.train_examples,
         seed=trial.seed, stop_at_goal=study.stop_at_goal, trial_id=trial.trial_id, trial_key=trial.key,
         search_space=study.stretched_search_space, data_seed=study.seed, resolution=study.resolution,
-        evaluations=study.evaluations, study_definition=study.definition,
+        evaluations=study.evaluations, study_definition=study.definition, goal=study.goal,
     )
 
 

@@ -94,7 +94,9 @@ class TrialSpec:
         steps: step budget (updates); ``None`` means the workload's ``default_steps``.
         train_examples: train on the first-chosen ``N`` training examples (``None``: all).
         seed: model initialisation, batch order and in-loop randomness.
-        stop_at_goal: stop at the first evaluation that beats the workload's goal (status
+        goal: the goal this trial stops at (``stop_at_goal``) and whose bracket it refines, on the
+            workload's metric and direction; ``None``: the workload's goal.
+        stop_at_goal: stop at the first evaluation that beats the goal (status
             ``STOPPED_AT_GOAL`` when that is before the budget).
         trial_id, trial_key: store identity; ``None`` picks ``store.next_trial_id`` and a fresh key.
         search_space: the study's search space (batch_science ``parameter_configs``), if known.
@@ -149,6 +151,7 @@ class TrialSpec:
     evaluations: int | None = None
     refine: str = "replay"
     study_definition: dict | None = None
+    goal: float | None = None
 
 
 @dataclass
@@ -289,6 +292,7 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
     train_examples = None if spec.train_examples is None else _as_int("train examples", spec.train_examples, 1)
     parameters = _checked_hyperparameters(spec.hyperparameters)
     resolution = check_resolution(spec.resolution)
+    trial_goal(spec, workload)  # a bad goal fails before anything runs
     evaluations = None if spec.evaluations is None else _as_int("evaluations", spec.evaluations, 1)
     if evaluations is not None and spec.evaluation_steps is not None:
         raise BatchlabError("give either a number of evaluations or explicit evaluation steps (--eval-every), not both")
@@ -336,7 +340,7 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
     if definition is None:
         definition = default_study_definition(
             spec, store_workload=store_workload, steps=steps, evaluation=evaluation,
-            stop_rule=stop_rule(workload) if spec.stop_at_goal else None, source="batchlab train",
+            stop_rule=stop_rule(workload, spec.goal) if spec.stop_at_goal else None, source="batchlab train",
         )
 
     label_smoothing = float(parameters.get("label_smoothing") or 0.0)
@@ -379,9 +383,20 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
 REFINE_MODES = ("replay", "dense")
 
 
-def stop_rule(workload) -> dict:
-    """The stop rule of a study whose trials stop at ``workload``'s goal: ``{metric, goal, maximize}``."""
-    return {"metric": workload.metric, "goal": float(workload.goal), "maximize": bool(workload.maximize)}
+def stop_rule(workload, goal: float | None = None) -> dict:
+    """The stop rule of a study whose trials stop at ``goal`` (``None``: ``workload``'s goal) on the
+    workload's metric: ``{metric, goal, maximize}``."""
+    value = workload.goal if goal is None else goal
+    return {"metric": workload.metric, "goal": float(value), "maximize": bool(workload.maximize)}
+
+
+def trial_goal(spec: "TrialSpec", workload) -> float:
+    """The goal ``spec`` stops at and refines: ``spec.goal``, else the workload's (a finite number)."""
+    if spec.goal is None:
+        return float(workload.goal)
+    if isinstance(spec.goal, bool) or not isinstance(spec.goal, (int, float)) or not math.isfinite(float(spec.goal)):
+        raise BatchlabError(f"goal must be a finite number, got {spec.goal!r}")
+    return float(spec.goal)
 
 
 def default_study_definition(spec: TrialSpec, *, store_workload: str, steps: int, evaluation: dict,
@@ -438,11 +453,11 @@ def run_prepared(
             search_space=spec.search_space,
             train_steps=total,
             early_stopping=bool(spec.stop_at_goal),
-            tags={"metric": workload.metric, "goal": workload.goal, "maximize": bool(workload.maximize)},
+            tags={"metric": workload.metric, "goal": trial_goal(spec, workload), "maximize": bool(workload.maximize)},
             **definition,
         )
 
-    metric, goal, maximize = workload.metric, workload.goal, bool(workload.maximize)
+    metric, goal, maximize = workload.metric, trial_goal(spec, workload), bool(workload.maximize)
     measurements: list[dict[str, float]] = []
     steps_to_goal: int | None = None
     steps_lower: int | None = None
@@ -607,7 +622,7 @@ def _replay_bracket(prepared: PreparedTrial, snapshot: tuple, upto: int) -> tupl
     batch_size, seed, num_train = int(spec.batch_size), int(spec.seed), prepared.num_train
     per_epoch = num_train // batch_size
     splits = {prepared.goal_split: prepared.eval_splits[prepared.goal_split]}
-    metric, goal, maximize = workload.metric, workload.goal, bool(workload.maximize)
+    metric, goal, maximize = workload.metric, trial_goal(spec, workload), bool(workload.maximize)
     rows: list[dict[str, float]] = []
     live_state = torch.get_rng_state()
     torch.set_rng_state(rng_state)
