@@ -102,3 +102,19 @@ def test_tolerance_changes_the_bounds_and_is_validated(nqm_sgd_p0):
             read_regimes(nqm_sgd_p0, bad)
     with pytest.raises(BatchlabError, match="no batch size reached the goal"):
         read_regimes(StepsCurve.from_points([(1, None), (2, None)]), 0.1)
+
+
+def test_steps_rising_at_large_batch_sizes_show_no_plateau_but_label_the_middle():
+    # The measured MNIST momentum curve of the issue-8 sweep: the minimum at B=512, more steps at 1024.
+    curve = StepsCurve.from_points(
+        [(8, 1996), (16, 1012), (32, 448), (64, 292), (128, 240), (256, 144), (512, 75), (1024, 106)]
+    )
+    regimes = read_regimes(curve, tolerance=0.1)
+    start = regimes["maximal_parallelism_start"]
+    assert start["value"] is None and "steps rise again at large batch sizes" in start["reason"]
+    assert "unreached" not in start["reason"]
+    labels = {p["batch_size"]: p["regime"] for p in regimes["points"]}
+    assert labels[32] == "perfect_scaling" and regimes["perfect_scaling_end"]["value"] == 32
+    # below the minimum's batch size and more than 1.1 x its steps: diminishing returns
+    assert [labels[b] for b in (64, 128, 256)] == ["diminishing_returns"] * 3
+    assert labels[512] is None and labels[1024] is None  # not determined by the data

@@ -333,8 +333,8 @@ def critical_batch_size_with_intervals(
         tolerance=tolerance,
         label=selection.workload,
         metadata=selection.describe(),
-        steps_lower={r.batch_size: getattr(r, "steps_lower", None) for r in results},
-        censored_at={r.batch_size: getattr(r, "censored_at", None) for r in results},
+        steps_lower={r.batch_size: r.steps_lower for r in results},
+        censored_at={r.batch_size: r.censored_at for r in results},
         b0=b0,
     )
 

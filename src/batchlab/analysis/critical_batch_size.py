@@ -479,9 +479,13 @@ def read_regimes(curve: StepsCurve, tolerance: float = 0.1, b0: float | None = N
             label = PERFECT_SCALING
         elif mp_from is not None and b >= mp_from:
             label = MAXIMAL_DATA_PARALLELISM
-        elif (ps_over is not None and b > ps_over and before_plateau is not None
-              and (b < before_plateau if mp_from is not None else b <= before_plateau)):
-            label = DIMINISHING_RETURNS  # past perfect scaling and known to be outside the plateau band
+        elif ps_over is not None and b > ps_over and (
+            (before_plateau is not None and (b < before_plateau if mp_from is not None else b <= before_plateau))
+            or (b < s_low_b and s > limit_mp)
+        ):
+            # past perfect scaling and known to be outside the plateau band: before the plateau's start,
+            # or below the batch size of the minimum measured steps with more than (1 + tol) x those steps
+            label = DIMINISHING_RETURNS
         else:
             label = None  # not determined by the data
         labels.append(

@@ -277,8 +277,6 @@ def result_fields(summary: SweepSummary, workload: str, row) -> dict[str, Any]:
     (``steps_lower``, ``censored_at``), and the study it comes from (``budget``, ``budget_round``,
     ``study_id``, ``sweep``, and ``budget_rounds``: every round run at that batch size)."""
     fields = dict(row.to_dict())
-    fields.setdefault("steps_lower", getattr(row, "steps_lower", None))
-    fields.setdefault("censored_at", getattr(row, "censored_at", None))
     rounds = summary.studies.get(workload, {}).get(row.batch_size, [])
     used = next((r for r in rounds if r.get("reported")), rounds[-1] if rounds else {})
     fields.update({"budget": used.get("steps"), "budget_round": used.get("budget_round", 0),

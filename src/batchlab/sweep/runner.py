@@ -481,30 +481,18 @@ def _restrict_to_sweep(con, keys: list[str], study_ids: list[str]) -> None:
 
 def _fit_summary(con, study: StudyPlan, goal: float, rows: list, statuses: tuple[str, ...]) -> dict:
     """The S(B) fit of the sweep's rows: the censored, bracket-weighted fit, data-read regimes and
-    intervals with their targets (analysis.bootstrap.critical_batch_size_with_intervals), or
-    ``summarize_curve`` of the rows where that is not available."""
-    from batchlab.analysis.steps_to_result import steps_curve
+    intervals with their targets (analysis.bootstrap.critical_batch_size_with_intervals)."""
+    from batchlab.analysis.bootstrap import critical_batch_size_with_intervals
+    from batchlab.analysis.selection import Selection
 
-    censored = [r.batch_size for r in rows if r.steps is None and getattr(r, "censored_at", None) is not None]
-    try:
-        from batchlab.analysis.bootstrap import critical_batch_size_with_intervals
-        from batchlab.analysis.selection import Selection
-    except ImportError:  # pragma: no cover - an analysis without intervals
-        critical_batch_size_with_intervals = None
-    if critical_batch_size_with_intervals is None:
-        from batchlab.analysis.critical_batch_size import summarize_curve
-
-        out = summarize_curve(steps_curve(rows, label=study.store_workload))
-    else:
-        selection = Selection(workload=study.store_workload, metric=study.metric, goal=goal,
-                              maximize=study.maximize, statuses=statuses)
-        out = critical_batch_size_with_intervals(con, selection, n_boot=SUMMARY_BOOT, seed=0).to_dict()
+    censored = [r.batch_size for r in rows if r.steps is None and r.censored_at is not None]
+    selection = Selection(workload=study.store_workload, metric=study.metric, goal=goal,
+                          maximize=study.maximize, statuses=statuses)
+    out = critical_batch_size_with_intervals(con, selection, n_boot=SUMMARY_BOOT, seed=0).to_dict()
     out.setdefault("censored_batch_sizes", censored)
     return out
 
 
 def _analysed_statuses() -> tuple[str, ...]:
-    """COMPLETE, and STOPPED_AT_GOAL where the analysis knows it (its steps are the updates run)."""
-    from batchlab.analysis.tables import TRIAL_STATUSES
-
-    return tuple(s for s in ("COMPLETE", "STOPPED_AT_GOAL") if s in TRIAL_STATUSES)
+    """COMPLETE and STOPPED_AT_GOAL (a stopped trial's steps are the updates it ran)."""
+    return ("COMPLETE", "STOPPED_AT_GOAL")

@@ -400,27 +400,15 @@ def trial_goal(spec: "TrialSpec", workload) -> float:
 
 
 def default_study_definition(spec: TrialSpec, *, store_workload: str, steps: int, evaluation: dict,
-                             stop_rule: dict | None, source: str, **extra: Any) -> dict | None:
-    """The study definition of ``spec`` (``batchlab.store.studies.make_study_definition``), or ``None``
-    when this store version has no study definitions (the store then builds its own)."""
-    try:
-        from batchlab.store.studies import make_study_definition
-    except ImportError:
-        return None
+                             stop_rule: dict | None, source: str, **extra: Any) -> dict:
+    """The study definition of ``spec`` (``batchlab.store.studies.make_study_definition``)."""
+    from batchlab.store.studies import make_study_definition
+
     return make_study_definition(
         workload=store_workload, batch_size=int(spec.batch_size), train_steps=int(steps),
         train_examples=spec.train_examples, search_space=spec.search_space, evaluation=evaluation,
         stop_rule=stop_rule, seed=int(spec.data_seed), source=source, **extra,
     )
-
-
-def _writer_accepts_definition(store: Any) -> bool:
-    import inspect
-
-    try:
-        return "study_definition" in inspect.signature(store.trial_writer).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def run_prepared(
@@ -439,9 +427,7 @@ def run_prepared(
             trial_id = store.next_trial_id(prepared.store_workload, batch_size)
         if trial_key is None:
             trial_key = f"{prepared.store_workload}/{batch_size}/{trial_id}/{uuid.uuid4().hex}"
-        definition = {}
-        if prepared.study_definition is not None and _writer_accepts_definition(store):
-            definition = {"study_definition": prepared.study_definition}
+        definition = {} if prepared.study_definition is None else {"study_definition": prepared.study_definition}
         writer = store.trial_writer(
             workload=prepared.store_workload,
             batch_size=batch_size,
