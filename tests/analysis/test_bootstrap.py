@@ -138,3 +138,19 @@ def test_from_store_views_matches_steps_to_result(make_con):
     assert est.curve.batch_sizes[-1] == 64 and est.curve.steps[-1] is None
     assert est.estimates["mccandlish_b_crit"] == pytest.approx(8.0, rel=0.05)
     assert est.curve.metadata["goal"] == 0.01
+
+
+def test_regime_fractions_use_the_given_b0():
+    """Review fix: the trial-resampled regime shares ignored ``b0`` and measured perfect scaling from the
+    smallest reached batch size, so batch sizes below the given B0 (no regime) got perfect-scaling shares."""
+    steps = {int(b): np.full(3, float(1000 * (1 + 64 / b))) for b in BATCH_SIZES}
+    b0 = int(BATCH_SIZES[3])
+    est = bootstrap_critical_batch_size(steps, n_boot=20, seed=0, b0=b0)
+    for row in est.regimes:
+        if row["batch_size"] < b0:
+            assert row["regime"] is None
+        # identical trials: every replicate reads the point estimate's regimes, from the same B0
+        if row["regime"] is None:
+            assert all(v == 0 for v in row["regime_fractions"].values())
+        else:
+            assert row["regime_fractions"][row["regime"]] == 1.0

@@ -212,3 +212,13 @@ def test_a_bracket_from_zero_is_an_upper_bound_and_too_few_points_give_nan():
     assert fit.residuals[3]["use"] == "upper_bound" and fit.n_points == 3
     s_min, e_min, b_crit, objective = fit_many([1, 2, 4], np.zeros((1, 3)), np.ones((1, 3)), np.array([[0, -1, 1]]))
     assert np.isnan(b_crit[0]) and np.isnan(objective[0])
+
+
+def test_two_points_pulled_off_by_a_censoring_bound_are_not_called_an_exact_fit():
+    pulled = StepsCurve(batch_sizes=(16, 64, 256), steps=(1000, 260, None), steps_lower=(990, 257, None),
+                        censored_at=(None, None, 3000))
+    warnings = fit_steps_curve(pulled).warnings
+    assert not any("exactly" in w for w in warnings)
+    assert any("no residual degrees of freedom" in w for w in warnings)
+    exact = StepsCurve(batch_sizes=(16, 64), steps=(1000, 260), steps_lower=(990, 257))
+    assert any("passes through them exactly" in w for w in fit_steps_curve(exact).warnings)

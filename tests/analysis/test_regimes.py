@@ -82,6 +82,10 @@ def test_unreached_batch_sizes_get_no_label_and_censoring_counts():
     # a censoring bound above the plateau band at 64: the plateau is broken, so it never starts in range
     broken = read_regimes(StepsCurve.from_points(points, censored_at=[None] * 6 + [5000]), 0.1)
     assert broken["maximal_parallelism_start"]["value"] is None
+    # the reason names the censoring bound (not the 1.1 x minimum threshold) and says the steps rise again
+    reason = broken["maximal_parallelism_start"]["reason"]
+    assert reason.startswith("not seen in the measured range") and "5000 steps (B = 64)" in reason
+    assert "rise again" in reason
     # a censoring bound below the band says nothing: noted
     unknown = read_regimes(StepsCurve.from_points(points, censored_at=[None] * 6 + [500]), 0.1)
     assert unknown["maximal_parallelism_start"]["value"] == 16 and "unknown" in unknown["maximal_parallelism_start"]["note"]

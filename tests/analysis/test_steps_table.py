@@ -95,3 +95,27 @@ def test_bad_paths_and_tolerance(tmp_path):
     garbage.write_bytes(b"not parquet")
     with pytest.raises(BatchlabError, match="cannot read steps table"):
         fit_steps_table(garbage)
+
+
+def test_one_b0_for_the_fit_and_the_data_read_regimes(tmp_path):
+    """Review fix: a smallest batch size whose bracket starts at 0 (an upper bound only) is not a fit
+    point, so the fit (and overhead_20pct) measured from B0 = 32 while the data-read regimes were read
+    from B0 = 16: perfect_scaling_end 64 printed beside b0 32 (from 32 it is 128)."""
+    path = tmp_path / "z.csv"
+    path.write_text("batch_size,steps,steps_lower\n16,1000,0\n32,520,500\n64,260,250\n128,140,130\n256,100,95\n")
+    (group,) = fit_steps_table(path)
+    assert group["b0"] == 32
+    assert group["perfect_scaling_end"] == 128
+    assert group["overhead_20pct"] == pytest.approx(0.2 * group["mccandlish_b_crit"] + 1.2 * 32)
+    assert [r["regime"] for r in group["regimes"]][:2] == [None, "perfect_scaling"]
+
+
+def test_bootstrap_reads_regimes_from_the_fits_b0():
+    from batchlab.analysis.bootstrap import bootstrap_critical_batch_size
+
+    trials = {16: np.array([1000.0]), 32: np.array([520.0]), 64: np.array([260.0]), 128: np.array([140.0]),
+              256: np.array([100.0])}
+    lower = {16: 0, 32: 500, 64: 250, 128: 130, 256: 95}
+    summary = bootstrap_critical_batch_size(trials, n_boot=10, steps_lower=lower).to_dict()
+    assert summary["b0"] == 32 and summary["data_regimes"]["b0"] == 32
+    assert summary["critical_batch_sizes"]["perfect_scaling_end"]["value"] == 128

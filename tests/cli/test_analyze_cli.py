@@ -334,3 +334,43 @@ def test_steps_table_option_errors(capsys, tmp_path, store_dir):
     assert code == 2 and "--group-by needs --steps-table" in err
     code, out, err = run(capsys, "analyze", "critical-batch-size", "--workload", W)
     assert code == 2 and "missing --store, --metric, --goal" in err
+
+
+def test_steps_interval_notes_are_per_batch_size_not_the_first_rows(capsys, store_dir):
+    """Review fix: the table printed the first batch size's interval note as if it held for all."""
+    code, out, err = run(capsys, "analyze", "critical-batch-size", "--store", str(store_dir), "--workload", W,
+                         "--metric", E, "--goal", "0.01", "--bootstrap", "20", *ALL)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "steps interval: for the median" in text and "one-sided: no distribution-free lower bound" in text
+    # B=256 (one trial, not reached) has its own note, named with its batch size
+    assert "steps interval at B = 256:" in text
+    assert "-th best" not in text
+
+
+def test_steps_table_text_says_what_each_fit_rests_on_and_shows_group_errors(capsys, tmp_path):
+    """Review fix: the text table showed an empty row for a group that failed, without the reason,
+    and left out B0, the measured batch-size range and the points used."""
+    rows = [(b, round(1000 * (1 + 64 / b)), "sgd") for b in (4, 16, 64, 256)] + [(16, 500, "one")]
+    table = write_table(tmp_path / "steps.csv", rows)
+    code, out, err = run(capsys, "analyze", "critical-batch-size", "--steps-table", table, "--group-by", "optimizer")
+    assert code == 0, err
+    assert "measured B" in out and "4..256" in out and "points" in out and "b0" in out
+    assert "error (one): " in out and "need at least 2 batch sizes" in " ".join(out.split())
+
+
+def test_s_min_line_does_not_call_an_unseen_plateau_measured(capsys, tmp_path):
+    """Review fix: the text printed 'measured plateau' even when no plateau was seen (plateau_seen
+    false), where the smallest measured steps are only an upper bound on the plateau."""
+    rows = [(b, round(1000 * (1 + 64 / b))) for b in (4, 16, 64, 256)]
+    store_rows = "\n".join(f"a/b/c,{b},0,{s},0.01\na/b/c,{b},0,{s - 1},0.5" for b, s in rows)
+    csv = tmp_path / "runs.csv"
+    csv.write_text("workload,batch_size,trial_id,step,val/err\n" + store_rows + "\n")
+    store = tmp_path / "store"
+    assert run(capsys, "import", "table", csv, "--store", store)[0] == 0
+    code, out, err = run(capsys, "analyze", "critical-batch-size", "--store", store, "--workload", "a/b/c",
+                         "--metric", "val/err", "--goal", "0.05", "--bootstrap", "10")
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "measured plateau" not in text
+    assert "smallest measured steps 1250 at B = 256 (no plateau seen: an upper bound on the plateau)" in text

@@ -149,3 +149,19 @@ def test_plot_selects_trials_like_analyze(capsys, store_dir, tmp_path, command):
     assert (code, out) == (2, "") and "nosuchstudy" in err and err.count("\n") == 1
     code, out, err = run(capsys, *base, "--max-trials", "2", "--mix-studies")
     assert code == 0, err
+
+
+def test_goal_met_at_step_0_is_one_line_not_a_traceback(capsys, tmp_path):
+    """Review fix: a goal already met at the first evaluation, step 0, gave S = 0 and a
+    ZeroDivisionError traceback in plot steps-to-result (and a confusing bracket error in analyze)."""
+    table = tmp_path / "runs.csv"
+    table.write_text("workload,batch_size,trial_id,step,val/err\n"
+                     "a/b/c,16,0,0,0.01\na/b/c,32,0,0,0.5\na/b/c,32,0,10,0.01\na/b/c,64,0,0,0.5\na/b/c,64,0,5,0.01\n")
+    store = tmp_path / "store"
+    assert run(capsys, "import", "table", table, "--store", store)[0] == 0
+    args = ("--store", store, "--workload", "a/b/c", "--metric", "val/err", "--goal", "0.05")
+    code, out, err = run(capsys, "plot", "steps-to-result", *args, "--out", tmp_path / "f.png")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "met at step 0" in err
+    assert not (tmp_path / "f.png").exists()
+    code, out, err = run(capsys, "analyze", "critical-batch-size", *args)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "met at step 0" in err

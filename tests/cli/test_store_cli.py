@@ -126,3 +126,26 @@ def test_import_table_errors_are_one_line_exit_2_and_write_nothing(tmp_path, cap
     code, out, err = run(capsys, "import", "table", tmp_path / "bad.csv", "--store", tmp_path / "store")
     assert (code, out) == (2, "") and err.startswith("error: ") and message in err and err.count("\n") == 1
     assert not (tmp_path / "store").exists()
+
+
+def test_info_prints_the_stop_rule_as_strict(tmp_path, capsys):
+    """Review fix: a trial stops when its metric strictly beats the goal (goal_reached: value < goal),
+    but `store info` printed the rule as `<= goal`."""
+    from batchlab.store import Store, TrialRecord, publish_trials
+    from batchlab.store.studies import make_study_definition
+
+    w = "mnist/fc_64_64_64/sgd"
+    store = Store.open(tmp_path / "store", create=True)
+    for goal, maximize in ((0.08, False), (0.9, True)):
+        definition = make_study_definition(
+            workload=w, batch_size=64 if maximize else 32, train_steps=100, train_examples=None, search_space=None,
+            evaluation=None, stop_rule={"metric": "val/classification_error", "goal": goal, "maximize": maximize},
+            seed=0, source="batchlab")
+        publish_trials(store, [TrialRecord(
+            workload=w, batch_size=64 if maximize else 32, trial_id=0, trial_key=f"k{goal}", parameters={},
+            status="STOPPED_AT_GOAL", steps=10, measurements=[(10, "val/classification_error", 0.05)],
+            study_definition=definition)])
+    code, out, err = run(capsys, "store", "info", "--store", tmp_path / "store")
+    assert code == 0, err
+    assert "stop val/classification_error < 0.08" in out and "stop val/classification_error > 0.9" in out
+    assert "<=" not in out and ">=" not in out

@@ -108,3 +108,15 @@ def test_non_finite_goal_is_rejected_before_any_trial_runs(tmp_path):
                                       "--train-examples", "256", "--goal", "nan", "--store", str(store)))
     assert "field 'goal': must be a finite number, got nan" in message
     assert not store.exists()
+
+
+def test_resumed_sweep_progress_counts_the_trials_already_in_the_store(tmp_path):
+    # A re-run that finds every trial published must not end with its bars at "0/2 done, 2 left".
+    args = ["mnist/fc_64_64_64", "--optimizer", "sgd", "--batch-sizes", "8", "--trials", "2", "--steps", "2",
+            "--train-examples", "256", "--workers", "1", "--no-stop-at-goal", "--store", str(tmp_path / "s")]
+    assert run_cli(*args).returncode == 0
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr
+    assert "(2 already in the store)" in result.stderr
+    bars = [" ".join(line.split()) for line in result.stderr.splitlines() if "done" in line and "left" in line]
+    assert bars and all("2/2 done" in bar and " 0 left" in bar for bar in bars), bars

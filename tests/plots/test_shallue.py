@@ -283,3 +283,19 @@ def test_save_figure_is_atomic_and_checks_the_suffix(tmp_path):
         save_figure(fig, tmp_path / "folder.png")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder.png", "steps.png"]
     assert list((tmp_path / "folder.png").iterdir()) == []
+
+
+def test_steps_figure_uses_the_same_b0_as_analyze():
+    """Review fix: a smallest batch size whose bracket starts at 0 is only an upper bound, so
+    analyze critical-batch-size measures perfect scaling from the next one (B0 = 32, ends at 128);
+    the figure drew the perfect-scaling line and the green band from B = 16 (ending at 64)."""
+    from batchlab.plots import shallue
+
+    curve = StepsCurve.from_points([(16, 1000), (32, 520), (64, 260), (128, 140), (256, 100)],
+                                   steps_lower=[0, 500, 250, 130, 95])
+    assert shallue.data_regimes(curve, 0.1)["b0"] == 32
+    assert shallue.data_regimes(curve, 0.1)["perfect_scaling_end"] == 128
+    ax = steps_to_result_figure([curve]).axes[0]
+    (ps,) = by_gid(ax, "perfect_scaling_regime")
+    assert (ps.get_x(), ps.get_x() + ps.get_width()) == (32, 128)
+    assert "perfect scaling from B0 = 32" in [t.get_text() for t in ax.get_legend().get_texts()]

@@ -168,6 +168,9 @@ def test_export_maps_stopped_at_goal_to_the_release_convention(store, tmp_path):
     assert statuses == {1: "STOPPED_AT_GOAL", 2: "COMPLETE"}
     (s,) = again.study_definitions()
     assert s["definition"] == d  # batchlab_studies in study.json gives the definition back
+    # ... and the trials keep their study's source, so the release's first-N rule does not apply
+    sources = {row[0] for row in again.connect().execute("SELECT DISTINCT source FROM trials").fetchall()}
+    assert sources == {d["source"]} and d["source"] != "batch_science"
 
 
 def test_export_of_several_definitions_at_one_batch_size_lists_them(store, tmp_path):

@@ -84,6 +84,13 @@ def test_import_parquet_with_optional_columns(tmp_path, store):
     (HEADER + ",loss", [f"{W},64,1,0,0.5,1,0.1,,0.3"], "unknown column 'loss'"),
     ("workload,batch_size,trial_id,step", [f"{W},64,1,0"], "no metric column"),
     (HEADER, [], "no rows"),
+    # review fixes: an id beyond int64 used to wrap to a negative id; numpy reprs leaked into messages;
+    # a steps value below the trial's last evaluation step was accepted
+    (HEADER, [f"{W},64,99999999999999999999,0,0.5,1,0.1,"], r"column 'trial_id' must be <= 9223372036854775807"),
+    (HEADER, [f"{W},0,1,0,0.5,1,0.1,"], r"must be >= 1, got 0$"),
+    (HEADER, [f"{W},64,1,0,0.5,1,0.1,", f"{W},64,1,1,0.5,1,0.2,"], r"values 0\.1 and 0\.2$"),
+    (HEADER + ",steps", [f"{W},64,1,0,0.5,1,0.1,,3", f"{W},64,1,5,0.5,1,0.1,,3"],
+     "has steps 3, fewer than its last evaluation step 5"),
 ])
 def test_malformed_tables_are_one_line_errors_and_write_nothing(tmp_path, store, header, rows, match):
     path = write(tmp_path / "bad.csv", rows, header)

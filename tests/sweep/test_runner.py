@@ -293,3 +293,28 @@ def test_interrupted_sweep_beside_foreign_trials_resumes_into_the_same_id_blocks
         m[:2] + m[3:] for m in base_measurements)
     (row8, row64) = summary.results["mnist/fc_64_64_64/momentum"]
     assert row8.n_trials == 3 and row64.n_trials == 3
+
+
+def test_json_trial_events_of_grown_rounds_carry_their_own_budget_round_and_study(tmp_path):
+    # A trial of a grown round ran the grown budget under the grown round's study definition: its
+    # JSON `trial` event says so (it used to report round 0's budget, round and study id).
+    import io
+
+    from batchlab.sweep.config import parse_sweep_config
+    from batchlab.sweep.progress import JsonReporter
+
+    settings = {"workloads": ["mnist/fc_64_64_64"], "optimizers": ["sgd"], "batch_sizes": [8], "trials": 1,
+                "steps": 2, "train_examples": 256, "grow_budget": True, "max_budget_growths": 1,
+                "stop_at_goal": False, "goal": 0.0,
+                "search_spaces": {"sgd": {"learning_rate": {"type": "DOUBLE", "min_value": 0.01, "max_value": 0.02,
+                                                            "scale": "LOG"}}}}
+    stream = io.StringIO()
+    plan = prepare_sweep(parse_sweep_config(settings), str(tmp_path / "store"))
+    summary = run_sweep(plan, JsonReporter(stream), executor_factory=_inline)
+    events = [json.loads(line) for line in stream.getvalue().splitlines()]
+    trials = [e for e in events if e["event"] == "trial"]
+    (grown,) = [e for e in events if e["event"] == "budget_grown"]
+    rounds = summary.studies["mnist/fc_64_64_64/sgd"][8]
+    assert [(t["budget"], t["budget_round"], t["steps"]) for t in trials] == [(2, 0, 2), (4, 1, 4)]
+    assert [t["study_id"] for t in trials] == [r["study_id"] for r in rounds]
+    assert trials[1]["study_id"] == grown["study_id"]

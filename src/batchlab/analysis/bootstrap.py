@@ -196,7 +196,7 @@ def bootstrap_critical_batch_size(
     curve = curve_from_arrays(batch_sizes, point_steps, label=label, metadata=metadata, steps_lower=lower,
                               censored_at=censored)
     point_fit = fit_steps_curve(curve, b0=b0)  # raises if < 2 reached
-    data = read_regimes(curve, tolerance, b0=point_fit.b0 if b0 is not None else None)
+    data = read_regimes(curve, tolerance, b0=point_fit.b0)  # the same B0 as the fit and overhead_20pct
     estimates: dict[str, float | None] = {"s_min": point_fit.s_min, "e_min": point_fit.e_min}
     for d in REGISTRY:
         estimates[d.name] = d.function(point_fit, tolerance, point_fit.b0, data)
@@ -241,13 +241,18 @@ def bootstrap_critical_batch_size(
     unique, inverse = np.unique(replicates, axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)
     labels = []
+    rep_b0 = data["b0"]
     for row in unique:
         rep = curve_from_arrays(batch_sizes, row, censored_at=censored)
         if sum(rep.reached) < 2:
             labels.append(None)
             continue
         try:
-            labels.append([p["regime"] for p in read_regimes(rep, tolerance)["points"]])
+            # the same B0 as the point estimate; a replicate that does not reach it fails when B0 was
+            # given, else it reads from its own smallest reached batch size
+            reached_here = {int(b_) for b_, s_ in zip(batch_sizes, row) if np.isfinite(s_)}
+            use_b0 = rep_b0 if (b0 is not None or rep_b0 in reached_here) else None
+            labels.append([p["regime"] for p in read_regimes(rep, tolerance, b0=use_b0)["points"]])
         except BatchlabError:
             labels.append(None)
     per_rep = [labels[i] for i in inverse]
@@ -265,7 +270,7 @@ def bootstrap_critical_batch_size(
         if k is None and per_batch[j].size:
             note = f"no bound: with {per_batch[j].size} trial(s) no order statistic comes within 0.1 of the level"
         elif k is not None and upper is None:
-            note = f"unbounded: the {k}-th best trial never reached the goal"
+            note = f"unbounded: the {_ordinal(k)} best trial never reached the goal"
         rows.append(
             {
                 "batch_size": int(batch),
@@ -289,7 +294,8 @@ def bootstrap_critical_batch_size(
         if data[key]["value"] is None:
             warnings.append(f"{key}: {data[key]['reason']}")
     if n_failed > 0.1 * n_boot:
-        warnings.append(f"{n_failed} of {n_boot} resampled curves had fewer than two reached batch sizes")
+        warnings.append(f"{n_failed} of {n_boot} resampled curves had fewer than two reached batch sizes "
+                        f"or did not reach B0 = {data['b0']}")
     return CriticalBatchSizeEstimate(
         curve=curve,
         fit=point_fit,
@@ -352,3 +358,9 @@ def _finite(value) -> float | None:
     if value is None:
         return None
     return float(value) if np.isfinite(value) else None
+
+
+def _ordinal(k: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, 21st, ..."""
+    suffix = "th" if 10 <= k % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
+    return f"{k}{suffix}"

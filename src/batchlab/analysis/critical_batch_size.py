@@ -303,8 +303,13 @@ def fit_steps_curve(curve: StepsCurve, b0: float | None = None, sigma_floor: flo
         p_value = float(chi2_dist.sf(objective, dof))
     extrapolated = not (smallest <= b_crit <= largest)
     warnings = []
-    if n_points == 2:
+    if n_points == 2 and float(np.max(np.abs(point_res))) < 1e-3:
         warnings.append("the fit rests on two reached batch sizes and passes through them exactly: its residuals test nothing")
+    elif n_points == 2:
+        warnings.append(
+            "the fit rests on two reached batch sizes (and censoring or one-sided bounds that pull it off them, rms "
+            f"log residual {float(np.sqrt(np.mean(point_res**2))):.3g}): it has no residual degrees of freedom"
+        )
     if b_crit == np.inf:
         warnings.append("no plateau in the measured batch sizes: B_crit is infinite (pure perfect scaling fits best)")
     elif b_crit == 0.0:
@@ -405,6 +410,10 @@ def read_regimes(curve: StepsCurve, tolerance: float = 0.1, b0: float | None = N
         raise BatchlabError(f"b0 must be a batch size that reached the goal, one of {reached}, got {b0:g}")
     b0 = int(b0)
     steps = dict(pts)
+    zero = [b for b, s in pts if s == 0]
+    if zero:
+        raise BatchlabError(f"curve {curve.label!r}: the goal was already met at step 0 (before any update) at batch "
+                            f"size(s) {zero}: no regime can be read; choose a stricter goal")
     s0 = steps[b0]
     censored = [(int(b), c) for b, s, c in zip(curve.batch_sizes, curve.steps, curve.censoring()) if s is None and c is not None]
     limit_ps = (1 + tolerance) * s0 * b0
@@ -442,8 +451,12 @@ def read_regimes(curve: StepsCurve, tolerance: float = 0.1, b0: float | None = N
                             f"{steps[top]:.4g} steps, more than (1 + {tolerance:g}) x the minimum measured steps "
                             f"({s_low:.4g}); steps rise again at large batch sizes")
         else:
-            mp["reason"] = (f"beyond the measured range: an unreached batch size above every reached one is known to "
-                            f"need more than {limit_mp:.4g} steps")
+            above = [(b, c) for b, c in censored if b > max(reached) and c >= limit_mp]
+            mp["reason"] = (
+                "not seen in the measured range: unreached batch size(s) above every reached one need more than "
+                + ", ".join(f"{c:.4g} steps (B = {b})" for b, c in above)
+                + f", more than (1 + {tolerance:g}) x the minimum measured steps ({s_low:.4g}); steps rise again "
+                "at large batch sizes")
     else:
         mp_start = min(start_candidates)
         n_mp = sum(1 for b in reached if b >= mp_start)
@@ -636,7 +649,9 @@ def summarize_curve(curve: StepsCurve, tolerance: float = 0.1, b0: float | None 
     """
     _check_tolerance(tolerance)
     fit = fit_steps_curve(curve, b0=b0)
-    regimes = read_regimes(curve, tolerance, b0=fit.b0 if b0 is not None else None)
+    # one B0 for every printed quantity: the fit's (the given b0, else its smallest reached point; a
+    # batch size whose bracket starts at 0 is only an upper bound and is not a point)
+    regimes = read_regimes(curve, tolerance, b0=fit.b0)
     named = {}
     for d in REGISTRY:
         entry = {"value": _finite_or_none(d.function(fit, tolerance, fit.b0, regimes)), "definition": d.definition,

@@ -72,6 +72,11 @@ class StepsCurve:
                     continue
                 if s is None:
                     raise BatchlabError(f"{name}: steps_lower at batch size {b} must be None where the goal was not reached")
+                if s == 0:
+                    raise BatchlabError(
+                        f"{name}: the goal was already met at step 0 (before any update) at batch size {b}: "
+                        "steps to result 0 cannot be fitted or scaled; choose a stricter goal"
+                    )
                 if not 0 <= low < s:
                     raise BatchlabError(
                         f"{name}: steps_lower at batch size {b} must satisfy 0 <= steps_lower < steps, got {low} and {s}"

@@ -331,6 +331,10 @@ def steps_curve(results: Sequence[BatchSizeResult], label: str | None = None, me
     if label is None:
         label = results[0].workload if results else ""
     ordered = sorted(results, key=lambda r: r.batch_size)
+    zero = [int(r.batch_size) for r in ordered if r.reached and r.steps == 0]
+    if zero:  # log axes, S(B0) B0 and the fit all need S > 0
+        raise BatchlabError(f"steps curve {label!r}: the goal was already met at step 0 (before any update) at batch "
+                            f"size(s) {zero}: steps to result 0 cannot be fitted, scaled or plotted; choose a stricter goal")
     batch_sizes = tuple(int(r.batch_size) for r in ordered)
     steps = tuple(r.steps for r in ordered)
     names = {f.name for f in dataclasses.fields(StepsCurve)}

@@ -308,11 +308,10 @@ def critical_batch_size_command(
          "search_edge": _edges_at(edges, r.batch_size)}
         for r in results
     ]
-    summary = _jsonable(summary)
     if as_json:
-        print(json.dumps(summary))
+        print(json.dumps(_jsonable(summary)))
         return
-    _print_critical_batch_size(summary, trials_caption(selection, results))
+    _print_critical_batch_size(_jsonable(summary, keep_infinite=True), trials_caption(selection, results))
 
 
 def _critical_batch_size_table(path: Path, group_by: str | None, tolerance: float, as_json: bool,
@@ -323,11 +322,11 @@ def _critical_batch_size_table(path: Path, group_by: str | None, tolerance: floa
     from batchlab.analysis.steps_table import fit_steps_table
 
     groups = fit_steps_table(path, group_by=group_by, tolerance=tolerance, b0=b0)
-    rows = [_jsonable(dict(g)) for g in groups]
     if as_json:
-        for row in rows:
-            print(json.dumps(row))
+        for g in groups:
+            print(json.dumps(_jsonable(dict(g))))
         return
+    rows = [_jsonable(dict(g), keep_infinite=True) for g in groups]  # inf prints as inf, not as blank
     from rich.console import Console
     from rich.table import Table
 
@@ -337,13 +336,24 @@ def _critical_batch_size_table(path: Path, group_by: str | None, tolerance: floa
                         f"(tolerance {tolerance:g})")
     for column in columns:
         table.add_column(column, justify="left" if column == "group" else "right")
+    # what each fit rests on (docs/methods.md, "What a critical batch size rests on")
+    for column in ("b0", "measured B", "points", "extrapolated"):
+        table.add_column(column, justify="right")
     for row in rows:
-        table.add_row(*(_cell(_plain_value(row.get(c))) for c in columns))
-    console = Console(width=160, markup=False, highlight=False)
+        span = row.get("batch_size_range")
+        span_text = (f"{_cell(span[0])}..{_cell(span[1])}" if isinstance(span, (list, tuple)) and len(span) == 2
+                     else "")
+        table.add_row(*(_cell(_plain_value(row.get(c))) for c in columns),
+                      _cell(row.get("b0")), span_text, _cell(row.get("points_used")),
+                      "" if row.get("error") else _cell(row.get("extrapolated")))
+    console = Console(width=200, markup=False, highlight=False)
     console.print(table)
     for row in rows:
+        where = "" if row.get("group") is None else f" ({row.get('group')})"
+        if row.get("error"):
+            console.print(f"error{where}: {row['error']}")
         for warning in row.get("warnings") or []:
-            console.print(f"warning ({row.get('group')}): {warning}")
+            console.print(f"warning{where}: {warning}")
 
 
 def _print_critical_batch_size(summary: dict, caption: str = "") -> None:
@@ -394,7 +404,13 @@ def _print_critical_batch_size(summary: dict, caption: str = "") -> None:
     if isinstance(s_min, dict):
         measured = s_min.get("measured")
         measured_value = measured.get("value") if isinstance(measured, dict) else measured
-        console.print(f"S_min: fit {_fmt(s_min.get('fit'))}, measured plateau {_fmt(measured_value)}")
+        if isinstance(measured, dict) and measured.get("plateau_seen") is False:
+            # no plateau of two measured batch sizes: the smallest measured S is only an upper bound on it
+            where = f" at B = {measured['batch_size']}" if measured.get("batch_size") is not None else ""
+            console.print(f"S_min: fit {_fmt(s_min.get('fit'))}, smallest measured steps {_fmt(measured_value)}{where} "
+                          "(no plateau seen: an upper bound on the plateau)")
+        else:
+            console.print(f"S_min: fit {_fmt(s_min.get('fit'))}, measured plateau {_fmt(measured_value)}")
     rows = summary.get("regimes") or []
     if rows:
         regimes = Table(title=f"regimes (tolerance {_cell(summary.get('tolerance'))})")
@@ -425,9 +441,19 @@ def _print_critical_batch_size(summary: dict, caption: str = "") -> None:
         console.print(regimes)
         first = rows[0]
         if first.get("steps_interval_target") or first.get("steps_interval_method"):
+            # the note differs per batch size (e.g. "unbounded" where the k-th best trial never reached
+            # the goal): print the most common one for all, the others with their batch sizes
+            notes: dict[str, list] = {}
+            for row in rows:
+                if row.get("steps_interval_note"):
+                    notes.setdefault(row["steps_interval_note"], []).append(row.get("batch_size"))
+            common = max(notes, key=lambda n: len(notes[n])) if notes else ""
             parts = [f"for the {first.get('steps_interval_target')}" if first.get("steps_interval_target") else "",
-                     first.get("steps_interval_method") or "", first.get("steps_interval_note") or ""]
+                     first.get("steps_interval_method") or "", common]
             console.print("steps interval: " + "; ".join(p for p in parts if p))
+            for note, batch_sizes in notes.items():
+                if note != common:
+                    console.print(f"steps interval at B = {', '.join(str(b) for b in batch_sizes)}: {note}")
     for warning in _warnings(summary, fit):
         console.print(f"warning: {warning}")
 
@@ -476,19 +502,21 @@ def _interval(row: dict):
     return None, None
 
 
-def _jsonable(value):
-    """``value`` with non-finite floats as ``None`` and numpy scalars and tuples as plain JSON types."""
+def _jsonable(value, keep_infinite: bool = False):
+    """``value`` with non-finite floats as ``None`` and numpy scalars and tuples as plain JSON types.
+
+    ``keep_infinite`` keeps +-inf (for text tables, where B_crit = inf must not read as unknown)."""
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): _jsonable(v, keep_infinite) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [_jsonable(v, keep_infinite) for v in value]
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):
         try:
             value = value.item()
         except (TypeError, ValueError):
             return str(value)
     if isinstance(value, float) and not math.isfinite(value):
-        return None
+        return value if keep_infinite and math.isinf(value) else None
     return value
 
 

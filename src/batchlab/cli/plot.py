@@ -104,7 +104,7 @@ def steps_to_result_plot(
         intervals = [[_interval(row.get("steps_interval")) for row in estimate.regimes]]
     figure = steps_to_result_figure(
         curves, fits=_fits(curves) if fit else None, title=_title(selection), intervals=intervals,
-        tolerance=tolerance, interval_label=f"{level:.0%} interval of the median best-of-K steps",
+        tolerance=tolerance, interval_label=f"one-sided {level:.0%} upper bound on the median best-of-K steps",
         caption=_caption(selection, results),
     )
     print(save_figure(figure, out))

@@ -24,7 +24,8 @@ def _print_json(obj: dict) -> None:
 def _fmt_stop(rule) -> str:
     if not rule:
         return "none"
-    return f"{rule['metric']} {'>=' if rule['maximize'] else '<='} {rule['goal']:g}"
+    # a trial stops when the metric strictly beats the goal (batchlab.train.evaluation.goal_reached)
+    return f"{rule['metric']} {'>' if rule['maximize'] else '<'} {rule['goal']:g}"
 
 
 def _fmt_evaluation(evaluation) -> str:

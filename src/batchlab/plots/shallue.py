@@ -522,7 +522,9 @@ def data_regimes(curve: StepsCurve, tolerance: float = 0.1) -> dict:
     try:
         reader = getattr(cbs, "read_regimes", None)
         if reader is not None:
-            read = reader(curve, tolerance)
+            b0 = _default_b0(curve)  # the same B0 as analyze critical-batch-size
+            reached = {float(x) for x in curve.reached_arrays()[0]}
+            read = reader(curve, tolerance, b0=b0 if b0 in reached else None)
         else:
             read = cbs.summarize_curve(curve, tolerance).get("data_regimes")
     except BatchlabError:
@@ -571,8 +573,23 @@ def _shade_regimes(ax, curve: StepsCurve, tolerance: float, reached_b: np.ndarra
     return drawn
 
 
+def _default_b0(curve: StepsCurve) -> float | None:
+    """The B0 ``analyze critical-batch-size`` uses: the fit's (its smallest reached point; a batch size
+    whose bracket starts at 0 is only an upper bound and not a point). None when there is no fit."""
+    from batchlab.analysis.critical_batch_size import fit_steps_curve
+
+    try:
+        return float(fit_steps_curve(curve).b0)
+    except (BatchlabError, ValueError, FloatingPointError):
+        return None
+
+
 def _reference_point(curve: StepsCurve, b: np.ndarray, s: np.ndarray, reference: int | None) -> tuple[float, float]:
     if reference is None:
+        b0 = _default_b0(curve)
+        hit = np.flatnonzero(b == b0) if b0 is not None else np.empty(0, dtype=int)
+        if hit.size:
+            return float(b[hit[0]]), float(s[hit[0]])
         return float(b[0]), float(s[0])
     hit = np.flatnonzero(b == float(reference))
     if hit.size == 0:

@@ -447,7 +447,9 @@ def read_study(study: StudyDir, published_ids: set[int], skip_bad: bool) -> Stud
             "trial_key": trial_key(study.workload, study.batch_size, t.trial_id),
             "study_id": own_ids.get(t.trial_id, sid),
             "parameters": json.dumps(t.meta["parameters"], sort_keys=True),
-            "status": t.meta["status"], "steps": t.meta["steps"], "seed": None, "source": SOURCE,
+            "status": t.meta["status"], "steps": t.meta["steps"], "seed": None,
+            # a trial batchlab exported keeps its own study's source (it is not a release trial)
+            "source": str(own[t.trial_id].get("source") or SOURCE) if t.trial_id in own else SOURCE,
         }
         for t in sorted(good, key=lambda t: t.trial_id)
     ]

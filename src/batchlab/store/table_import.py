@@ -136,7 +136,8 @@ def _as_ints(values: dict) -> dict:
 
 
 def _first_bad(series, ok) -> object:
-    return series[~ok].iloc[0]
+    value = series[~ok].iloc[0]
+    return value.item() if hasattr(value, "item") else value  # plain Python in messages, not np.int64(..)
 
 
 def _integers(df, column: str, minimum: int, file: str, *, allow_null: bool = False):
@@ -154,7 +155,13 @@ def _integers(df, column: str, minimum: int, file: str, *, allow_null: bool = Fa
     small = present & (numeric < minimum)
     if small.any():
         raise BatchlabError(f"{file}: column {column!r} must be >= {minimum}, got {_first_bad(raw, ~small)!r}")
+    large = present & (numeric.fillna(0).astype(float) >= 2.0**63)
+    if large.any():
+        raise BatchlabError(f"{file}: column {column!r} must be <= {_INT64_MAX}, got {_first_bad(raw, ~large)!r}")
     return numeric.fillna(-1).astype(np.int64).to_numpy()
+
+
+_INT64_MAX = 2**63 - 1  # stored as int64: larger values would wrap around
 
 
 def _constant(df, keys: list[str], column: str, file: str, what: str) -> dict:
@@ -165,10 +172,16 @@ def _constant(df, keys: list[str], column: str, file: str, what: str) -> dict:
         if len(distinct) > 1:
             label = "/".join(str(k) for k in key)
             raise BatchlabError(
-                f"{file}: {what} {label} has conflicting {column!r} values {distinct[0]!r} and {distinct[1]!r}"
+                f"{file}: {what} {label} has conflicting {column!r} values {_py(distinct[0])!r} and "
+                f"{_py(distinct[1])!r}"
             )
         values[tuple(key)] = distinct[0] if len(distinct) else None
     return values
+
+
+def _py(value):
+    """A numpy scalar as the plain Python value (for messages)."""
+    return value.item() if hasattr(value, "item") else value
 
 
 def _plain(value):
@@ -271,6 +284,9 @@ def import_table(store: Store, path: str | Path) -> TableImportReport:
             if value is not None and not (isinstance(value, float) and math.isnan(value)):
                 parameters[p[len(PARAM_PREFIX):]] = _plain(value)
         steps = per_trial.get("steps", {}).get(key)
+        if steps is not None and steps < int(last_step[key]):
+            raise BatchlabError(f"{file}: trial {w}/{b}/{t} has steps {steps}, fewer than its last evaluation step "
+                                f"{int(last_step[key])}; steps counts the updates the trial ran")
         trial_rows.append({
             "workload": w, "batch_size": b, "trial_id": t,
             "trial_key": f"table:{file}:{w}/{b}/{t}", "study_id": study_id(definitions[(w, b)]),

@@ -57,7 +57,8 @@ class JsonReporter(Reporter):
         })
 
     def trial(self, progress: StudyProgress, outcome: TrialOutcome, totals: dict) -> None:
-        study = progress.study
+        # the budget round the trial ran in (a grown round has its own budget and study id)
+        study = totals.get("study") or progress.study
         _line(self.stream, {
             "event": "trial", "workload": study.store_workload, "batch_size": study.batch_size,
             "trial_id": outcome.trial_id, "trial_key": outcome.key, "status": outcome.status,
@@ -104,6 +105,7 @@ class RichReporter(Reporter):
         self.out = Console()
         self._progress = None
         self._tasks: dict[tuple[str, int], int] = {}
+        self._entries: dict[tuple[str, int], StudyProgress] = {}
         self._overall = None
         self._notes: list[str] = []
 
@@ -131,10 +133,20 @@ class RichReporter(Reporter):
 
     def study_added(self, entry: StudyProgress) -> None:
         key = (entry.study.store_workload, entry.study.batch_size)
+        self._entries[key] = entry
         self._tasks[key] = self._progress.add_task(
             f"{entry.study.store_workload} b={entry.study.batch_size}", total=entry.total, completed=entry.done,
             diverged=entry.diverged, remaining=entry.remaining,
         )
+
+    def _sync(self) -> None:
+        """Bring every study's bar up to its counts: trials skipped on resume (and the trials of grown
+        rounds skipped on resume) are counted in a study's entry without a ``trial`` event."""
+        for key, entry in self._entries.items():
+            if key in self._tasks:
+                self._progress.update(self._tasks[key], completed=entry.done, total=entry.total,
+                                      diverged=entry.diverged, remaining=entry.remaining)
+        self._refresh_overall()
 
     def _refresh_overall(self) -> None:
         tasks = [t for t in self._progress.tasks if t.id != self._overall]
@@ -166,7 +178,7 @@ class RichReporter(Reporter):
         from rich.table import Table
 
         if self._progress is not None:
-            self._refresh_overall()
+            self._sync()
             self._progress.stop()
         goals = "; ".join(sorted({f"{g['metric']} {'>' if g['maximize'] else '<'} {g['goal']:g}"
                                   for g in summary.goals.values()}))

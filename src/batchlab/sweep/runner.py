@@ -332,7 +332,8 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
                 entry.done += 1
                 entry.diverged += int(result.diverged)
                 counters["run"] += 1
-                reporter.trial(entry, result, {"run": counters["run"], "skipped": counters["skipped"]})
+                # "study": the round this trial ran in (entry.study is round 0 of its batch size)
+                reporter.trial(entry, result, {"run": counters["run"], "skipped": counters["skipped"], "study": study})
             if not state["pending"]:
                 finish_round(study)
     except BaseException:
