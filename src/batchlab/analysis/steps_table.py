@@ -20,6 +20,7 @@ import numpy as np
 
 from batchlab.analysis.critical_batch_size import summarize_curve
 from batchlab.analysis.curve import StepsCurve
+from batchlab.analysis.regimes import check_tolerance
 from batchlab.errors import BatchlabError
 
 REQUIRED = ("batch_size", "steps")
@@ -149,8 +150,7 @@ def fit_steps_table(path: str | Path, group_by: str | None = None, tolerance: fl
     ``warnings``, ``reasons``, ``tolerance``; ``error`` (``None``, or why the group could not be fitted,
     e.g. fewer than two reached batch sizes, with the other values ``None``).
     """
-    if isinstance(tolerance, bool) or not 0 < float(tolerance) < 1:
-        raise BatchlabError(f"tolerance must be in (0, 1), got {tolerance}")
+    check_tolerance(tolerance)
     frame = read_steps_table(path)
     out = []
     for key, curve in steps_table_curves(frame, group_by, label=Path(path).stem):

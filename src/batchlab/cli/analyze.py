@@ -272,8 +272,9 @@ def critical_batch_size_command(
 ) -> None:
     """Fit S(B) = S_min + E_min/B (censored, bracket-weighted); named critical batch sizes with intervals;
     regimes read from the data; what each number rests on (docs/methods.md)."""
-    if not 0 < tolerance < 1:
-        raise BatchlabError(f"--tolerance must be in (0, 1), got {tolerance:g}")
+    from batchlab.analysis.regimes import check_tolerance
+
+    check_tolerance(tolerance, "--tolerance")
     if steps_table is not None:
         given = [name for name, value in (("--store", store), ("--workload", workload), ("--metric", metric),
                                           ("--goal", goal), ("--study", study)) if value]

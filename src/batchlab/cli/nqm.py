@@ -15,6 +15,7 @@ from typing import Optional
 
 import typer
 
+from batchlab.analysis.regimes import check_tolerance
 from batchlab.errors import BatchlabError
 
 nqm_app = typer.Typer(help="The exact noisy quadratic model (Zhang et al. 2019).", no_args_is_help=True)
@@ -179,12 +180,6 @@ def _fit_summary(rows: list[dict], label: str, grid: str = "auto", tolerance: fl
     return summary
 
 
-def _check_tolerance(tolerance: float) -> float:
-    if not 0 < tolerance < 1:
-        raise BatchlabError(f"--tolerance must be in (0, 1), got {tolerance:g}")
-    return tolerance
-
-
 @nqm_app.command("sweep")
 def sweep(
     preset: str = _PRESET,
@@ -207,7 +202,7 @@ def sweep(
     as_json: bool = _JSON,
 ) -> None:
     """Tuned steps to target per batch size (one JSON object per batch size with --json)."""
-    _check_tolerance(tolerance)
+    check_tolerance(tolerance, "--tolerance")
     problem, rows = _tuned_rows(
         preset, power_law, dim, spectrum, optimizer, precondition, batch_sizes, target, grid, schedule, max_steps,
         notebook_fudge,
@@ -279,7 +274,7 @@ def fit_command(
     as_json: bool = _JSON,
 ) -> None:
     """Fit S(B) = S_min (1 + B_crit / B), read the regimes from the data; print both with the batch grid used."""
-    _check_tolerance(tolerance)
+    check_tolerance(tolerance, "--tolerance")
     _, rows = _tuned_rows(
         preset, power_law, dim, spectrum, optimizer, precondition, batch_sizes, target, grid, schedule, max_steps
     )

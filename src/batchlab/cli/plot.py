@@ -84,8 +84,9 @@ def steps_to_result_plot(
     from batchlab.plots.shallue import check_figure_path, save_figure, steps_to_result_figure
 
     check_figure_path(out)
-    if not 0 < tolerance < 1:
-        raise BatchlabError(f"--tolerance must be in (0, 1), got {tolerance:g}")
+    from batchlab.analysis.regimes import check_tolerance
+
+    check_tolerance(tolerance, "--tolerance")
     selection = make_selection(
         workload, metric, goal, maximize, max_trials, step_budget, example_budget, status, studies, mix_studies
     )
