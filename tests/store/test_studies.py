@@ -231,3 +231,17 @@ def test_files_from_before_study_definitions_get_legacy_ids(store):
     compact(store, grace_seconds=0)
     con = store.connect()
     assert [con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall() for t in ("studies", "trials")] == before
+
+
+def test_next_trial_id_never_lands_in_a_sweeps_block_of_ids(store):
+    from batchlab.store.studies import TRIAL_ID_BLOCK
+
+    plain = definition()
+    publish_trials(store, [record(1, plain), record(2, plain)])
+    assert store.next_trial_id(W, 64) == 3  # no sweep here: the next id
+    swept = definition(train_steps=600, sweep="abc123")
+    publish_trials(store, [record(TRIAL_ID_BLOCK + i, swept) for i in range(3)])
+    # the sweep owns block 1 (ids 100000..): a `batchlab train` trial takes the next block, so the sweep
+    # can still be extended by more points in its own block
+    assert store.next_trial_id(W, 64) == 2 * TRIAL_ID_BLOCK
+    assert store.next_trial_id(W, 128) == 1  # other batch sizes are independent

@@ -32,6 +32,7 @@ from batchlab.errors import BatchlabError, unknown_name_error
 from batchlab.store.files import write_bytes_atomic, write_parquet_atomic
 from batchlab.store.log import LOG_DIR, CommitPlan, StoreState, commit, read_state
 from batchlab.store.schema import SCHEMAS, STATUSES, TABLES, conform, data_suffix, empty_table, view_sql
+from batchlab.store.studies import TRIAL_ID_BLOCK
 
 MARKER = "batchlab-store.json"
 FORMAT_VERSION = 1
@@ -182,7 +183,9 @@ class Store:
 
     def next_trial_id(self, workload: str, batch_size: int) -> int:
         """One more than the largest trial id used at (workload, batch_size), published or pending;
-        1 when there is none. Trial ids are unique per (workload, batch_size)."""
+        1 when there is none. Trial ids are unique per (workload, batch_size). When that id falls in a
+        block of ids (``TRIAL_ID_BLOCK``) that holds a sweep's trials, the first id of the next block
+        instead, so the sweep's own block stays free for more of its points."""
         trials = self._committed("trials", self.state(), ["workload", "batch_size", "trial_id"])
         mask = pc.and_(
             pc.equal(trials["workload"], workload), pc.equal(trials["batch_size"], batch_size)
@@ -192,7 +195,31 @@ class Store:
         for header in self.pending_headers():
             if header["workload"] == workload and header["batch_size"] == batch_size:
                 largest = max(largest, header["trial_id"])
-        return largest + 1
+        candidate = largest + 1
+        block = candidate // TRIAL_ID_BLOCK
+        if block in self._sweep_blocks(workload, batch_size):
+            candidate = (block + 1) * TRIAL_ID_BLOCK
+        return candidate
+
+    def _sweep_blocks(self, workload: str, batch_size: int) -> set[int]:
+        """The id blocks at (workload, batch_size) that hold trials of a sweep's study definitions
+        (definitions with a ``sweep`` key)."""
+        con = self.connect()
+        try:
+            studies = con.execute(
+                "SELECT study_id, definition FROM studies WHERE workload = ? AND batch_size = ?", [workload, batch_size]
+            ).fetchall()
+            swept = [sid for sid, text in studies if text and "sweep" in json.loads(text)]
+            if not swept:
+                return set()
+            marks = ", ".join("?" for _ in swept)
+            rows = con.execute(
+                f"SELECT DISTINCT trial_id FROM trials WHERE workload = ? AND batch_size = ? AND study_id IN ({marks})",
+                [workload, batch_size, *swept],
+            ).fetchall()
+        finally:
+            con.close()
+        return {int(trial_id) // TRIAL_ID_BLOCK for (trial_id,) in rows}
 
     def pending_headers(self) -> list[dict]:
         """Headers of the journals of trials being written (or abandoned by a crash)."""

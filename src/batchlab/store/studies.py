@@ -26,6 +26,11 @@ DEFINITION_KEYS = (
     "workload", "batch_size", "train_steps", "train_examples", "search_space", "evaluation",
     "stop_rule", "seed", "source",
 )
+#: Trial ids come in blocks of this many: a sweep gives each of its study definitions a block of its
+#: own (ids ``block * TRIAL_ID_BLOCK + point``), and ``Store.next_trial_id`` never gives out an id
+#: inside a block that holds a sweep's trials, so a sweep can always be extended by more trials.
+TRIAL_ID_BLOCK = 100_000
+
 #: Prefix of the id of a study written by a batchlab older than study definitions (no definition
 #: stored): ``sha256("legacy:<workload>/<batch_size>")``, one such study per workload and batch size.
 LEGACY_PREFIX = "legacy:"

@@ -61,9 +61,11 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valid
                       model_validator)
 
 from batchlab.errors import BatchlabError, unknown_name_error
+from batchlab.store.studies import TRIAL_ID_BLOCK
 
-#: The largest number of trials per study; trial ids of grown budgets are offset by this stride.
-MAX_TRIALS_PER_STUDY = 100_000
+#: The largest number of trials per study: each study definition of a sweep owns one block of this
+#: many trial ids (batchlab.store.studies.TRIAL_ID_BLOCK).
+MAX_TRIALS_PER_STUDY = TRIAL_ID_BLOCK
 
 
 class SweepConfig(BaseModel):
