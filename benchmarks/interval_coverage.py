@@ -13,9 +13,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "analysis"))
 import test_coverage as T  # noqa: E402  (the simulation shared with the test)
 
-import numpy as np
-import test_coverage as T
-
 
 def covered(low, high, truth=T.TRUE_B_CRIT):
     return float(((low <= truth) & (truth <= high)).mean())

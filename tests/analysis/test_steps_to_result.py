@@ -323,8 +323,7 @@ def test_steps_curve_carries_the_brackets(make_con):
     con = make_con([trial(W, 8, 1, curve([(10, 0.5), (20, 0.005)])), trial(W, 16, 1, curve([(30, 0.5)]))])
     c = steps_curve(steps_to_result(con, W, M, 0.01), metadata={"goal": 0.01})
     assert c.batch_sizes == (8, 16) and c.steps == (20, None) and c.metadata == {"goal": 0.01}
-    if hasattr(c, "steps_lower"):
-        assert c.steps_lower == (10, None) and c.censored_at == (None, 30)
+    assert c.steps_lower == (10, None) and c.censored_at == (None, 30)
 
 
 # --- studies ---------------------------------------------------------------------------------------

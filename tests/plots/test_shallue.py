@@ -96,6 +96,7 @@ def test_steps_figure_draws_brackets_and_censored_bounds_with_up_arrows():
     np.testing.assert_array_equal(marker_line.get_xdata(), [32, 64])
     np.testing.assert_array_equal(marker_line.get_ydata(), [3000, 2500])
     assert arrow.get_marker() == 10  # CARETUPBASE: an upward arrow
+    assert len(arrow.get_ydata()) == 2
     assert all(y > bound for y, bound in zip(arrow.get_ydata(), [3000, 2500]))
     (data,) = by_gid(ax, "data")
     np.testing.assert_array_equal(data.get_xdata(), [2, 4, 8, 16])

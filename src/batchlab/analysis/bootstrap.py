@@ -99,7 +99,9 @@ class CriticalBatchSizeEstimate:
             than two reached batch sizes (no regimes).
         seed: the resampling seed; tolerance: the regime tolerance.
         regimes: one dict per batch size (see :meth:`to_dict`).
-        summary: :func:`batchlab.analysis.critical_batch_size.summarize_curve`-style details.
+        interval_notes: ``{name: {target, method, two_sided, note, ...}}`` for every interval.
+        data_regimes: :func:`batchlab.analysis.regimes.read_regimes` of ``curve`` (from the fit's B0).
+        warnings: the fit's warnings plus unread data regimes and too many failed replicates.
     """
 
     curve: StepsCurve
@@ -206,10 +208,10 @@ def bootstrap_critical_batch_size(
     pick = lambda key: float(prof[key][0])  # noqa: E731
     b_low, b_high = pick("b_crit_low"), pick("b_crit_high")
     fit_note = {"target": FIT_TARGET, "method": FIT_METHOD, "two_sided": True, "note": None,
-                "scatter": _finite(pick("scatter")) if np.isfinite(pick("scatter")) else None}
+                "scatter": _finite(pick("scatter"))}
     intervals: dict[str, tuple[float | None, float | None]] = {}
     notes: dict[str, dict] = {}
-    no_interval = not (np.isfinite(b_low) or np.isinf(b_low)) or np.isnan(b_low)
+    no_interval = np.isnan(b_low)
     for name, (low, high) in {
         "s_min": (pick("s_min_low"), pick("s_min_high")),
         "e_min": (pick("e_min_low"), pick("e_min_high")),
@@ -260,6 +262,7 @@ def bootstrap_critical_batch_size(
     n_failed = n_boot - len(good)
     rows = []
     brackets = curve.brackets()
+    censoring = curve.censoring()
     for j, batch in enumerate(batch_sizes):
         upper, k, coverage = best_of_k_upper(per_batch[j], level)
         counts = {name: 0 for name in REGIMES}
@@ -276,7 +279,7 @@ def bootstrap_critical_batch_size(
                 "batch_size": int(batch),
                 "steps": curve.steps[j],
                 "steps_lower": None if brackets[j] is None else brackets[j][0],
-                "censored_at": curve.censoring()[j],
+                "censored_at": censoring[j],
                 "n_trials": int(per_batch[j].size),
                 "steps_interval": [None, None if upper is None else int(upper)],
                 "steps_interval_target": STEPS_TARGET,

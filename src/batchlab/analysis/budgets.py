@@ -31,10 +31,11 @@ from batchlab.analysis.selection import (
     mixed_studies_error,
     resolve_study_names,
     study_definitions,
+    too_few_trials_error,
     unknown_workload_error,
     workload_names,
 )
-from batchlab.analysis.tables import DEFAULT_STATUSES, TRIAL_STATUSES, view_columns
+from batchlab.analysis.tables import DEFAULT_STATUSES, TRIAL_STATUSES, with_study_id
 from batchlab.errors import BatchlabError, unknown_name_error
 
 BUDGET_KINDS = ("step", "example")
@@ -173,11 +174,7 @@ def _max_trials(con, params: dict, max_trials) -> int | None:
             return None
         n = paper_max_trials(params["workload"])
         if row[1] < n:
-            raise BatchlabError(
-                f"workload {params['workload']!r} batch size {row[2]} has {row[1]} trials "
-                f"({' or '.join(params['statuses'])}), fewer than the paper's first {n} (the default for imported "
-                "release workloads); pass --max-trials all to use every trial, or --max-trials N"
-            )
+            raise too_few_trials_error(params["workload"], row[2], row[1], n, params["statuses"])
         return n
     return max_trials
 
@@ -190,9 +187,7 @@ def _execute(con, text: str, params: dict):
 
 def _sql(con, text: str) -> str:
     """``text`` with ``{trials}`` the trials view (a NULL ``study_id`` where the store has none)."""
-    trials = "trials" if "study_id" in view_columns(con, "trials") else \
-        "(SELECT *, CAST(NULL AS VARCHAR) AS study_id FROM trials)"
-    return text.replace("{trials}", trials)
+    return text.replace("{trials}", with_study_id(con, "trials"))
 
 
 def _check(con, workload, metric, statuses, **integers) -> None:

@@ -476,9 +476,6 @@ def regime(fit: ScalingFit, batch_size: float, tolerance: float = 0.1) -> str:
     return DIMINISHING_RETURNS
 
 
-fit_regime = regime
-
-
 def summarize_curve(curve: StepsCurve, tolerance: float = 0.1, b0: float | None = None) -> dict:
     """Fit ``curve`` and read its regimes; a JSON-ready summary.
 
@@ -505,6 +502,7 @@ def summarize_curve(curve: StepsCurve, tolerance: float = 0.1, b0: float | None 
             entry.update({k: v for k, v in detail.items() if k != "value"})
         named[d.name] = entry
     brackets = curve.brackets()
+    censoring = curve.censoring()
     rows = []
     for i, (b, s) in enumerate(zip(curve.batch_sizes, curve.steps)):
         rows.append(
@@ -512,7 +510,7 @@ def summarize_curve(curve: StepsCurve, tolerance: float = 0.1, b0: float | None 
                 "batch_size": int(b),
                 "steps": s,
                 "steps_lower": None if brackets[i] is None else brackets[i][0],
-                "censored_at": curve.censoring()[i],
+                "censored_at": censoring[i],
                 "regime": regimes["points"][i]["regime"],
                 "fit_regime": None if s is None else regime(fit, b, tolerance),
             }

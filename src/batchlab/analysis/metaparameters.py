@@ -41,8 +41,9 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from batchlab.analysis.selection import Selection, check_selection
+from batchlab.analysis.selection import Selection, check_selection, resolve_studies
 from batchlab.analysis.steps_to_result import BatchSizeResult, effective_learning_rate, trial_first_steps
+from batchlab.analysis.tables import view_columns
 from batchlab.errors import BatchlabError
 
 METAPARAMETERS = ("learning_rate", "momentum", "effective_learning_rate")
@@ -161,13 +162,13 @@ def trial_outcomes(con: duckdb.DuckDBPyConnection, selection: Selection) -> pd.D
     check_selection(con, selection)
     chosen = trial_first_steps(con, selection)
     if "INFEASIBLE" not in selection.statuses:
-        has_study = "study_id" in _columns(con, "trials")
+        has_study = "study_id" in view_columns(con, "trials")
         diverged = con.execute(
             f"SELECT batch_size, trial_id, parameters, status{', study_id' if has_study else ''} FROM trials "
             "WHERE workload = ? AND status = 'INFEASIBLE'",
             [selection.workload],
         ).df()
-        studies = _selected_studies(con, selection)
+        studies = resolve_studies(con, selection)
         if has_study and studies is not None:  # only the diverged trials of the selected studies
             diverged = diverged[diverged["study_id"].isin(studies)]
         limited = _first_n_batch_sizes(con, selection)
@@ -376,7 +377,7 @@ def _spaces_of(result: BatchSizeResult, studies: dict, trial_studies: dict) -> l
     key = (result.workload, int(result.batch_size), None if result.trial_id is None else int(result.trial_id))
     if key in trial_studies:
         wanted = {trial_studies[key]}
-    elif getattr(result, "study_ids", None):
+    elif result.study_ids:
         wanted = set(result.study_ids)
     else:
         return here
@@ -408,7 +409,7 @@ def _search_spaces(con, workloads: Sequence[str]) -> dict[tuple[str, int], list[
     """``{(workload, batch_size): [(study_id or None, SearchSpace), ...]}`` from the studies view."""
     from batchlab.search import SearchSpace
 
-    columns = _columns(con, "studies")
+    columns = view_columns(con, "studies")
     study_column = "study_id" if "study_id" in columns else "NULL"
     rows = con.execute(
         f"SELECT workload, batch_size, {study_column} AS study_id, search_space FROM studies "
@@ -429,7 +430,7 @@ def _search_spaces(con, workloads: Sequence[str]) -> dict[tuple[str, int], list[
 
 
 def _trial_study_ids(con, workloads: Sequence[str]) -> dict[tuple[str, int, int], str]:
-    if "study_id" not in _columns(con, "trials"):
+    if "study_id" not in view_columns(con, "trials"):
         return {}
     rows = con.execute(
         "SELECT workload, batch_size, trial_id, study_id FROM trials "
@@ -449,21 +450,7 @@ def _first_n_batch_sizes(con, selection: Selection):
     from batchlab.analysis.steps_to_result import steps_to_result_many
 
     results = steps_to_result_many(con, [selection])[0]
-    return {r.batch_size for r in results if getattr(r, "max_trials", None) is not None}
-
-
-def _selected_studies(con, selection: Selection) -> tuple[str, ...] | None:
-    """The study ids the selection names (None: all studies, or a store without study ids)."""
-    if getattr(selection, "studies", None) is None:
-        return None
-    from batchlab.analysis import selection as selection_module
-
-    resolve = getattr(selection_module, "resolve_studies", None)
-    return None if resolve is None else resolve(con, selection)
-
-
-def _columns(con, view: str) -> set[str]:
-    return {d[0] for d in con.execute(f"SELECT * FROM {view} LIMIT 0").description}
+    return {r.batch_size for r in results if r.max_trials is not None}
 
 
 def _check_fraction(fraction: float) -> None:

@@ -245,6 +245,15 @@ def unknown_study_error(workload: str, name: str, definitions: dict[str, dict]) 
     return BatchlabError(f"unknown study {name!r} for workload {workload!r}; known studies: {known}{sweep_text}")
 
 
+def too_few_trials_error(workload: str, batch_size: int, n_available: int, n: int, statuses) -> BatchlabError:
+    """``max_trials="auto"``: a release batch size has fewer selected trials than the paper's first ``n``."""
+    return BatchlabError(
+        f"workload {workload!r} batch size {batch_size} has {n_available} trials ({' or '.join(statuses)}), "
+        f"fewer than the paper's first {n} (the default for imported release workloads); "
+        "pass --max-trials all to use every trial, or --max-trials N"
+    )
+
+
 def mixed_studies_error(selection: Selection, batch_size: int, study_ids, definitions: dict[str, dict]) -> BatchlabError:
     """The one-line error for trials of one batch size that come from several study definitions."""
     described = "; ".join(describe_study(sid, definitions.get(sid, {})) for sid in study_ids)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from batchlab.analysis.critical_batch_size import summarize_curve
+from batchlab.analysis.critical_batch_size import REGISTRY, summarize_curve
 from batchlab.analysis.curve import StepsCurve
 from batchlab.analysis.regimes import check_tolerance
 from batchlab.errors import BatchlabError
@@ -159,9 +159,7 @@ def fit_steps_table(path: str | Path, group_by: str | None = None, tolerance: fl
             summary = summarize_curve(curve, tolerance=tolerance, b0=b0)
         except BatchlabError as exc:
             entry["error"] = str(exc)
-            for name in ("s_min", "s_min_measured", "e_min", "mccandlish_b_crit", "overhead_20pct", "perfect_scaling_end",
-                         "maximal_parallelism_start", "fit_perfect_scaling_end", "fit_maximal_parallelism_start",
-                         "residual"):
+            for name in ("s_min", "s_min_measured", "e_min", *(d.name for d in REGISTRY), "residual"):
                 entry[name] = None
             out.append(entry)
             continue

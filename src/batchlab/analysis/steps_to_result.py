@@ -38,7 +38,6 @@ table of selected trials.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import uuid
@@ -60,10 +59,11 @@ from batchlab.analysis.selection import (
     stop_rule_error,
     stop_rule_problem,
     study_definitions,
+    too_few_trials_error,
     unknown_workload_error,
     workload_names,
 )
-from batchlab.analysis.tables import DEFAULT_STATUSES, view_columns
+from batchlab.analysis.tables import DEFAULT_STATUSES, with_study_id
 from batchlab.errors import BatchlabError
 
 
@@ -268,12 +268,7 @@ def check_study_rules(con: duckdb.DuckDBPyConnection, selection: Selection, per_
     if selection.max_trials == "auto":
         for batch_size, _, _, n_available, n_used in per_batch:
             if n_used is not None and n_available < n_used:
-                statuses = " or ".join(selection.statuses)
-                raise BatchlabError(
-                    f"workload {selection.workload!r} batch size {batch_size} has {n_available} trials ({statuses}), "
-                    f"fewer than the paper's first {n_used} (the default for imported release workloads); "
-                    "pass --max-trials all to use every trial, or --max-trials N"
-                )
+                raise too_few_trials_error(selection.workload, batch_size, n_available, n_used, selection.statuses)
     definitions: dict[str, dict] | None = None
     if not selection.mix_studies:
         for batch_size, ids, _, _, _ in per_batch:
@@ -325,8 +320,7 @@ def steps_curve(results: Sequence[BatchSizeResult], label: str | None = None, me
     """The :class:`StepsCurve` of per-batch-size results (unreached batch sizes stay censored).
 
     The curve carries the brackets: ``steps_lower`` (``None`` where not reached) and ``censored_at``
-    (``None`` where reached or unknown), aligned with the batch sizes, when :class:`StepsCurve`
-    has those fields.
+    (``None`` where reached or unknown), aligned with the batch sizes.
     """
     if label is None:
         label = results[0].workload if results else ""
@@ -337,16 +331,13 @@ def steps_curve(results: Sequence[BatchSizeResult], label: str | None = None, me
                             f"size(s) {zero}: steps to result 0 cannot be fitted, scaled or plotted; choose a stricter goal")
     batch_sizes = tuple(int(r.batch_size) for r in ordered)
     steps = tuple(r.steps for r in ordered)
-    names = {f.name for f in dataclasses.fields(StepsCurve)}
-    extra = {}
-    if "steps_lower" in names:
-        extra["steps_lower"] = tuple(
-            r.steps_lower if r.reached and r.steps_lower is not None and r.steps_lower < r.steps else None
-            for r in ordered
-        )
-    if "censored_at" in names:
-        extra["censored_at"] = tuple(None if r.reached else r.censored_at for r in ordered)
-    return StepsCurve(batch_sizes=batch_sizes, steps=steps, label=label, metadata=dict(metadata or {}), **extra)
+    steps_lower = tuple(
+        r.steps_lower if r.reached and r.steps_lower is not None and r.steps_lower < r.steps else None
+        for r in ordered
+    )
+    censored_at = tuple(None if r.reached else r.censored_at for r in ordered)
+    return StepsCurve(batch_sizes=batch_sizes, steps=steps, label=label, metadata=dict(metadata or {}),
+                      steps_lower=steps_lower, censored_at=censored_at)
 
 
 def trial_steps_by_batch_size(frame) -> dict[int, np.ndarray]:
@@ -513,13 +504,6 @@ def _selections_table(selections: Sequence[Selection], study_ids: Sequence[tuple
     )
 
 
-def _with_study_id(con: duckdb.DuckDBPyConnection, view: str) -> str:
-    """``view``, or a subquery adding a NULL ``study_id`` where the store's view has none."""
-    if "study_id" in view_columns(con, view):
-        return view
-    return f"(SELECT *, CAST(NULL AS VARCHAR) AS study_id FROM {view})"
-
-
 def _query(con: duckdb.DuckDBPyConnection, selections: Sequence[Selection], sql: str, fetch: str = "all",
            study_ids: Sequence[tuple[str, ...] | None] | None = None):
     """Run ``sql`` with the selections registered under a unique name, then unregister them.
@@ -530,7 +514,7 @@ def _query(con: duckdb.DuckDBPyConnection, selections: Sequence[Selection], sql:
     params: dict = {}
     name = f"_batchlab_selections_{uuid.uuid4().hex}"
     text = sql.format(selections=name, scans=_scans_sql(selections, params),
-                      trials=_with_study_id(con, "trials"), studies=_with_study_id(con, "studies"),
+                      trials=with_study_id(con, "trials"), studies=with_study_id(con, "studies"),
                       release=RELEASE_SOURCE)
     con.register(name, _selections_table(selections, study_ids))
     try:

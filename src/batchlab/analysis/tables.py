@@ -75,3 +75,10 @@ def connect_tables(*, workloads, studies, trials, measurements) -> duckdb.DuckDB
 def view_columns(con: duckdb.DuckDBPyConnection, view: str) -> tuple[str, ...]:
     """The columns of ``view`` on this connection (a store written before a column existed lacks it)."""
     return tuple(d[0] for d in con.execute(f"SELECT * FROM {view} LIMIT 0").description)
+
+
+def with_study_id(con: duckdb.DuckDBPyConnection, view: str) -> str:
+    """``view``, or a subquery adding a NULL ``study_id`` where the store's view has none."""
+    if "study_id" in view_columns(con, view):
+        return view
+    return f"(SELECT *, CAST(NULL AS VARCHAR) AS study_id FROM {view})"

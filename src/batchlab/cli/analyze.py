@@ -33,8 +33,6 @@ WORKLOAD = typer.Option(..., "--workload", help="Workload as DATASET/MODEL/OPTIM
 METRIC = typer.Option(..., "--metric", help="Metric name, e.g. val/classification_error.")
 GOAL = typer.Option(..., "--goal", help="Goal the metric must strictly beat.")
 MAXIMIZE = typer.Option(False, "--maximize", help="Higher is better: reach means metric > goal.")
-# The plain-integer form (kept for callers that only take a number); analyze uses MAX_TRIALS_RULE.
-MAX_TRIALS = typer.Option(None, "--max-trials", min=1, help="Use only the first N trials (trial-id order) per batch size.")
 MAX_TRIALS_RULE = typer.Option(
     "auto", "--max-trials", metavar="N|all|auto",
     help="Use only the first N trials (trial-id order) per batch size; 'all': every trial; 'auto' (default): "
@@ -163,11 +161,14 @@ def trials_caption(selection, results) -> str:
 
 def bracket_text(result) -> str:
     """The resolution bracket of one result: ``(lower, steps]``, ``> censored_at`` or ``''``."""
-    if result.steps is not None:
-        lower = 0 if result.steps_lower is None else result.steps_lower
-        return f"({lower}, {result.steps}]"
-    if result.censored_at is not None:
-        return f"> {result.censored_at}"
+    return _bracket(result.steps, result.steps_lower, result.censored_at)
+
+
+def _bracket(steps, steps_lower, censored_at) -> str:
+    if steps is not None:
+        return f"({0 if steps_lower is None else steps_lower}, {steps}]"
+    if censored_at is not None:
+        return f"> {censored_at}"
     return ""
 
 
@@ -419,13 +420,6 @@ def _print_critical_batch_size(summary: dict, caption: str = "") -> None:
             regimes.add_column(column, justify="right")
         for row in rows:
             steps = row.get("steps")
-            if steps is not None:
-                lower = row.get("steps_lower")
-                bracket = f"({0 if lower is None else lower}, {steps}]"
-            elif row.get("censored_at") is not None:
-                bracket = f"> {row['censored_at']}"
-            else:
-                bracket = ""
             interval = row.get("steps_interval")
             interval_text = ""
             if isinstance(interval, (list, tuple)) and len(interval) == 2:
@@ -434,7 +428,7 @@ def _print_critical_batch_size(summary: dict, caption: str = "") -> None:
             regimes.add_row(
                 str(row.get("batch_size")),
                 "not reached" if steps is None else str(steps),
-                bracket,
+                _bracket(steps, row.get("steps_lower"), row.get("censored_at")),
                 str(row.get("regime") or ""),
                 str(row.get("fit_regime") or ""),
                 interval_text,

@@ -208,13 +208,12 @@ def sweep(
         notebook_fudge,
     )
     common = {"problem": problem.name, "optimizer": optimizer, "precondition": precondition, "target": target}
+    used = grid if schedule == "constant" else "official"  # schedules search the official LR grid
     summary = None
     if fit:
-        used = grid if schedule == "constant" else "official"
         summary = _fit_summary(rows, f"{optimizer} p={precondition:g} target={target:g}", used, tolerance, b0)
     if as_json:
         for row in rows:
-            used = grid if schedule == "constant" else "official"  # schedules search the official LR grid
             print(json.dumps({**common, "grid": used, **row}))
         if summary is not None:
             print(json.dumps({"fit": summary, **common}))

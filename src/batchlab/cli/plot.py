@@ -37,6 +37,7 @@ from batchlab.cli.analyze import (
     make_selection,
     parse_max_trials,
     parse_studies,
+    trials_caption,
 )
 from batchlab.errors import BatchlabError
 
@@ -106,7 +107,7 @@ def steps_to_result_plot(
     figure = steps_to_result_figure(
         curves, fits=_fits(curves) if fit else None, title=_title(selection), intervals=intervals,
         tolerance=tolerance, interval_label=f"one-sided {level:.0%} upper bound on the median best-of-K steps",
-        caption=_caption(selection, results),
+        caption=trials_caption(selection, results),
     )
     print(save_figure(figure, out))
     for warning in _curve_warnings(curves[0], tolerance):
@@ -217,7 +218,7 @@ def metaparameters_plot(
     finally:
         con.close()
     figure = metaparameters_figure(optimal_metaparameters(results, search_edges=edges), title=_title(selection),
-                                   caption=_caption(selection, results))
+                                   caption=trials_caption(selection, results))
     print(save_figure(figure, out))
     for warning in edges:
         typer.echo(f"warning: {warning['message']}", err=True)
@@ -262,7 +263,7 @@ def lr_momentum_plot(
         con.close()
     figure = lr_momentum_scatter_figure(outcomes, batch_sizes=batch_sizes or None, title=_title(selection),
                                         search_edges=edges, search_ranges=ranges,
-                                        caption=_caption(selection, results))
+                                        caption=trials_caption(selection, results))
     print(save_figure(figure, out))
     shown = set(batch_sizes) if batch_sizes else None
     for warning in edges:
@@ -318,14 +319,6 @@ def _curves(selections, labels, store: Path, with_results: bool = False):
         for results, label, selection in zip(per_selection, labels, selections)
     ]
     return (curves, per_selection) if with_results else curves
-
-
-def _caption(selection, results) -> str | None:
-    """The line saying which trials a figure rests on (N used, statuses, studies, mixing)."""
-    from batchlab.cli import analyze
-
-    caption = getattr(analyze, "trials_caption", None)
-    return None if caption is None else caption(selection, results)
 
 
 def _fits(curves):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -113,6 +114,21 @@ def compact(
               f"unreferenced files and {report['deleted_log_entries']} old log entries")
 
 
+@contextmanager
+def _store_for_import(store: Path):
+    """The store at ``store``, created if needed; a failed import leaves no new, empty store behind."""
+    from batchlab.store import Store
+
+    existed = store.exists()
+    target = Store.open(store, create=True)
+    try:
+        yield target
+    except Exception:
+        if not existed and target.state().seq == 0:
+            shutil.rmtree(store, ignore_errors=True)
+        raise
+
+
 @import_app.command("batch-science")
 def import_batch_science(
     path: Path = typer.Argument(..., help="Root of the batch_science release tree."),
@@ -123,21 +139,14 @@ def import_batch_science(
 ) -> None:
     """Import a batch_science release tree into a store (created if needed)."""
     from batchlab.errors import BatchlabError
-    from batchlab.store import Store
     from batchlab.store.batch_science_import import find_studies
     from batchlab.store.batch_science_import import import_batch_science as run_import
 
     studies = find_studies(path)  # check the release before creating the store
     if not studies:
         raise BatchlabError(f"no studies (batch size directories with study.json) under {path}")
-    existed = store.exists()
-    target = Store.open(store, create=True)
-    try:
+    with _store_for_import(store) as target:
         report = run_import(target, path, skip_bad=skip_bad, jobs=jobs, studies=studies)
-    except BatchlabError:
-        if not existed and target.state().seq == 0:
-            shutil.rmtree(store, ignore_errors=True)  # a failed import leaves no new, empty store behind
-        raise
     for skipped_path, problem in report.skipped:
         print(f"skipped: {skipped_path}: {problem}", file=sys.stderr)
     if as_json:
@@ -166,17 +175,10 @@ def import_table(
     error line and writes nothing. Each workload and batch size becomes a study with source
     "table import:<file name>"; importing the same file again adds nothing (docs/methods.md,
     "Table import")."""
-    from batchlab.store import Store
     from batchlab.store.table_import import import_table as run_import
 
-    existed = store.exists()
-    target = Store.open(store, create=True)
-    try:
+    with _store_for_import(store) as target:
         report = run_import(target, path).as_dict()
-    except Exception:
-        if not existed and target.state().seq == 0:
-            shutil.rmtree(store, ignore_errors=True)  # a failed import leaves no new, empty store behind
-        raise
     if as_json:
         _print_json(report)
     else:

@@ -13,6 +13,7 @@ import numpy as np
 
 from batchlab.analysis.critical_batch_size import fit_steps_curve, summarize_curve
 from batchlab.analysis.curve import StepsCurve
+from batchlab.analysis.regimes import read_regimes
 from batchlab.atomic import write_path_atomic
 from batchlab.errors import BatchlabError
 
@@ -211,18 +212,17 @@ def write_nqm_figures(data: dict, out_dir: str | Path, only=None) -> dict[str, P
             ax.plot(b, s, "o", ms=3, label="exact NQM")
             title = curve.label
             try:
-                summary = summarize_curve(curve)
                 fit = fit_steps_curve(curve)
+                data_regimes = read_regimes(curve, b0=fit.b0)  # the same B0 as summarize_curve
                 grid = np.geomspace(b.min(), b.max(), 100)
                 ax.plot(grid, fit.predicted_steps(grid), "-", label="S_min (1 + B_crit/B)")
                 if np.isfinite(fit.b_crit) and fit.b_crit > 0:
                     ax.axvline(fit.b_crit, color="red", ls="--", lw=1, label="B_crit (fit)")
                     title = f"{curve.label}: B_crit={fit.b_crit:.3g}" + (" (extrapolated)" if fit.extrapolated else "")
-                named = summary["critical_batch_sizes"]
                 for key, style, text in (("perfect_scaling_end", ":", "perfect scaling ends (data)"),
                                          ("maximal_parallelism_start", "-.", "max. parallelism starts (data)")):
-                    if named[key]["value"] is not None:
-                        ax.axvline(named[key]["value"], color="gray", ls=style, lw=1, label=text)
+                    if data_regimes[key]["value"] is not None:
+                        ax.axvline(data_regimes[key]["value"], color="gray", ls=style, lw=1, label=text)
             except ValueError:
                 pass
             logscale(ax)

@@ -240,7 +240,7 @@ def metaparameters_figure(optimal, title: str | None = None, caption: str | None
     fig = Figure(figsize=(4.2 * len(panels), 4.4))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     b = optimal.batch_sizes
-    edges = list(getattr(optimal, "search_edges", ()) or ())
+    edges = list(optimal.search_edges)
     for ax, name in zip(axes, panels):
         if name == "one_minus_momentum":
             y = 1.0 - optimal.values["momentum"]
@@ -450,16 +450,9 @@ def _error_bars(ax, curve: StepsCurve, bounds, scale: float, color, shift: bool 
 
 def _aligned(curve: StepsCurve, name: str) -> list:
     """The curve's optional per-batch-size field ``name`` (``steps_lower``, ``censored_at``) as a list
-    aligned with ``batch_sizes``; all ``None`` when the curve does not carry it."""
-    values = getattr(curve, name, None)
-    if values is None:
-        return [None] * len(curve.batch_sizes)
-    values = list(values)
-    if len(values) != len(curve.batch_sizes):
-        raise BatchlabError(
-            f"curve {curve.label!r}: {len(values)} {name} values for {len(curve.batch_sizes)} batch sizes"
-        )
-    return values
+    aligned with ``batch_sizes`` (StepsCurve checks the length); all ``None`` when the curve does not carry it."""
+    values = getattr(curve, name)
+    return [None] * len(curve.batch_sizes) if values is None else list(values)
 
 
 def _bracket_bars(ax, curve: StepsCurve, scale: float, color) -> bool:
@@ -516,21 +509,15 @@ def data_regimes(curve: StepsCurve, tolerance: float = 0.1) -> dict:
     batch sizes inside it); ``perfect_scaling_beyond`` is the largest measured batch size when every
     measured batch size from ``B0`` on is still in perfect scaling (its end lies beyond the range).
     """
-    from batchlab.analysis import critical_batch_size as cbs
+    from batchlab.analysis.regimes import read_regimes
 
-    empty = {"b0": None, "perfect_scaling_end": None, "maximal_parallelism_start": None, "perfect_scaling_beyond": None}
+    b0 = _default_b0(curve)  # the same B0 as analyze critical-batch-size
+    reached = {float(x) for x in curve.reached_arrays()[0]}
     try:
-        reader = getattr(cbs, "read_regimes", None)
-        if reader is not None:
-            b0 = _default_b0(curve)  # the same B0 as analyze critical-batch-size
-            reached = {float(x) for x in curve.reached_arrays()[0]}
-            read = reader(curve, tolerance, b0=b0 if b0 in reached else None)
-        else:
-            read = cbs.summarize_curve(curve, tolerance).get("data_regimes")
+        read = read_regimes(curve, tolerance, b0=b0 if b0 in reached else None)
     except BatchlabError:
-        return empty
-    if not isinstance(read, dict) or "perfect_scaling_end" not in read:
-        return empty  # an older summary without data-read regimes: shade nothing rather than the fit's
+        return {"b0": None, "perfect_scaling_end": None, "maximal_parallelism_start": None,
+                "perfect_scaling_beyond": None}
     ps = read["perfect_scaling_end"] if isinstance(read["perfect_scaling_end"], dict) else {}
     beyond = ps.get("lower_bound") if ps.get("value") is None and (ps.get("n_points") or 0) >= 2 else None
     return {

@@ -458,9 +458,9 @@ def read_study(study: StudyDir, published_ids: set[int], skip_bad: bool) -> Stud
     row.update(dataset=study_json["dataset"], model=study_json["model"], optimizer=study_json["optimizer"])
     used = {t["study_id"] for t in trials}
     more, seen = [], {sid}
-    for d in own.values():
-        if study_id(d) in used and study_id(d) not in seen:
-            seen.add(study_id(d))
+    for tid, d in own.items():
+        if own_ids[tid] in used and own_ids[tid] not in seen:
+            seen.add(own_ids[tid])
             more.append(study_row(d))
     if own and sid not in used and more:  # every trial has its own definition: no release row
         row = dict(more.pop(0), dataset=row["dataset"], model=row["model"], optimizer=row["optimizer"])

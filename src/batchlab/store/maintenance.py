@@ -22,6 +22,7 @@ import json
 import os
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from batchlab.store.files import (
 from batchlab.store.log import LOCK_FILE, LOG_DIR, CommitPlan, StoreState, commit, read_state
 from batchlab.store.schema import SCHEMAS, STATUSES, TABLES, conform
 from batchlab.store.store import DATA_DIR, PENDING_DIR, Store
+from batchlab.store.studies import early_stopping
 
 MERGE_TARGET_ROWS = 16_000_000  # rows per merged measurements file
 SMALL_FILE_ROWS = 4_000_000  # measurements files below this are merged
@@ -63,7 +65,7 @@ def study_summary(entry: dict) -> dict:
         "workload": entry["workload"], "batch_size": entry["batch_size"], "study_id": entry["study_id"],
         "source": d.get("source"), "train_steps": d.get("train_steps"),
         "train_examples": d.get("train_examples"), "stop_rule": d.get("stop_rule"),
-        "early_stopping": bool(d.get("stop_rule") is not None or d.get("early_stopping", False)),
+        "early_stopping": early_stopping(d),
         "evaluation": d.get("evaluation"), "seed": d.get("seed"),
         "n_trials": entry["n_trials"], "statuses": entry["statuses"], "definition": d,
     }
@@ -81,9 +83,7 @@ def store_info(store: Store, workload: str | None = None) -> dict:
         con.close()
     state = store.state()
     studies = [study_summary(e) for e in store.study_definitions(workload)]
-    per_key: dict[tuple, int] = {}
-    for s in studies:
-        per_key[(s["workload"], s["batch_size"])] = per_key.get((s["workload"], s["batch_size"]), 0) + 1
+    per_key = Counter((s["workload"], s["batch_size"]) for s in studies)
     for s in studies:  # > 1: this batch size holds trials run under different definitions
         s["definitions_at_batch_size"] = per_key[(s["workload"], s["batch_size"])]
     return {

@@ -186,40 +186,33 @@ class Store:
         1 when there is none. Trial ids are unique per (workload, batch_size). When that id falls in a
         block of ids (``TRIAL_ID_BLOCK``) that holds a sweep's trials, the first id of the next block
         instead, so the sweep's own block stays free for more of its points."""
-        trials = self._committed("trials", self.state(), ["workload", "batch_size", "trial_id"])
-        mask = pc.and_(
+        state = self.state()
+        trials = self._committed("trials", state, ["workload", "batch_size", "trial_id", "study_id"])
+        trials = trials.filter(pc.and_(
             pc.equal(trials["workload"], workload), pc.equal(trials["batch_size"], batch_size)
-        )
-        ids = pc.filter(trials["trial_id"], mask)
+        ))
+        ids = trials["trial_id"]
         largest = pc.max(ids).as_py() if len(ids) else 0
         for header in self.pending_headers():
             if header["workload"] == workload and header["batch_size"] == batch_size:
                 largest = max(largest, header["trial_id"])
         candidate = largest + 1
         block = candidate // TRIAL_ID_BLOCK
-        if block in self._sweep_blocks(workload, batch_size):
+        if block in self._sweep_blocks(state, workload, batch_size, trials):
             candidate = (block + 1) * TRIAL_ID_BLOCK
         return candidate
 
-    def _sweep_blocks(self, workload: str, batch_size: int) -> set[int]:
-        """The id blocks at (workload, batch_size) that hold trials of a sweep's study definitions
-        (definitions with a ``sweep`` key)."""
-        con = self.connect()
-        try:
-            studies = con.execute(
-                "SELECT study_id, definition FROM studies WHERE workload = ? AND batch_size = ?", [workload, batch_size]
-            ).fetchall()
-            swept = [sid for sid, text in studies if text and "sweep" in json.loads(text)]
-            if not swept:
-                return set()
-            marks = ", ".join("?" for _ in swept)
-            rows = con.execute(
-                f"SELECT DISTINCT trial_id FROM trials WHERE workload = ? AND batch_size = ? AND study_id IN ({marks})",
-                [workload, batch_size, *swept],
-            ).fetchall()
-        finally:
-            con.close()
-        return {int(trial_id) // TRIAL_ID_BLOCK for (trial_id,) in rows}
+    def _sweep_blocks(self, state: StoreState, workload: str, batch_size: int, trials: pa.Table) -> set[int]:
+        """The id blocks at (workload, batch_size) that hold ``trials`` (those published there) of a
+        sweep's study definitions (definitions with a ``sweep`` key)."""
+        studies = self._committed("studies", state, ["workload", "batch_size", "study_id", "definition"])
+        studies = studies.filter(pc.and_(
+            pc.equal(studies["workload"], workload), pc.equal(studies["batch_size"], batch_size)
+        ))
+        swept = {sid for sid, text in zip(studies["study_id"].to_pylist(), studies["definition"].to_pylist())
+                 if text and "sweep" in json.loads(text)}
+        return {tid // TRIAL_ID_BLOCK for tid, sid in zip(trials["trial_id"].to_pylist(),
+                                                          trials["study_id"].to_pylist()) if sid in swept}
 
     def pending_headers(self) -> list[dict]:
         """Headers of the journals of trials being written (or abandoned by a crash)."""

@@ -136,8 +136,7 @@ def _as_ints(values: dict) -> dict:
 
 
 def _first_bad(series, ok) -> object:
-    value = series[~ok].iloc[0]
-    return value.item() if hasattr(value, "item") else value  # plain Python in messages, not np.int64(..)
+    return _py(series[~ok].iloc[0])  # plain Python in messages, not np.int64(..)
 
 
 def _integers(df, column: str, minimum: int, file: str, *, allow_null: bool = False):

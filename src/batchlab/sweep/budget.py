@@ -24,8 +24,6 @@ from collections.abc import Iterable
 
 #: Statuses that show a trial ran its whole step budget.
 RAN_ITS_BUDGET = ("COMPLETE",)
-#: Statuses that say nothing about whether the budget was large enough.
-IGNORED = ("INFEASIBLE", "STOPPED_AT_GOAL")
 
 
 def ran_out_of_steps(statuses_and_goals: Iterable[tuple[str, int | None]]) -> bool:

@@ -409,6 +409,7 @@ def summarize(store, plan: SweepPlan, wall_time_s: float, counters: dict, grown:
     analysed: COMPLETE and STOPPED_AT_GOAL.
     """
     from batchlab.analysis.steps_to_result import steps_to_result
+    from batchlab.analysis.tables import DEFAULT_STATUSES as statuses  # COMPLETE and STOPPED_AT_GOAL
 
     studies = list(plan.studies) if studies is None else list(studies)
     reported: dict[tuple[str, int], StudyPlan] = {}  # the last budget round run at each batch size
@@ -422,7 +423,6 @@ def summarize(store, plan: SweepPlan, wall_time_s: float, counters: dict, grown:
         per_study.setdefault(s.store_workload, {}).setdefault(s.batch_size, []).append(
             {"budget_round": s.budget_round, "steps": s.steps, "study_id": s.digest, "trials": s.trials,
              "reported": reported[(s.store_workload, s.batch_size)] is s})
-    statuses = _analysed_statuses()
     results, fits, errors, goals = {}, {}, {}, {}
     con = store.connect()
     try:
@@ -467,10 +467,12 @@ def _restrict_to_sweep(con, keys: list[str], study_ids: list[str]) -> None:
     """Make the ``trials`` view of ``con`` show only ``keys``, and ``studies`` only ``study_ids``."""
     import pyarrow as pa
 
+    from batchlab.analysis.tables import view_columns
+
     con.register("_sweep_keys", pa.table({"trial_key": pa.array(keys, pa.string())}))
     con.execute("ALTER VIEW trials RENAME TO _store_trials")
     con.execute("CREATE VIEW trials AS SELECT t.* FROM _store_trials AS t SEMI JOIN _sweep_keys USING (trial_key)")
-    columns = {row[0] for row in con.execute("DESCRIBE studies").fetchall()}
+    columns = view_columns(con, "studies")
     con.execute("ALTER VIEW studies RENAME TO _store_studies")
     if "study_id" in columns:
         con.register("_sweep_studies", pa.table({"study_id": pa.array(study_ids, pa.string())}))
@@ -492,8 +494,3 @@ def _fit_summary(con, study: StudyPlan, goal: float, rows: list, statuses: tuple
     out = critical_batch_size_with_intervals(con, selection, n_boot=SUMMARY_BOOT, seed=0).to_dict()
     out.setdefault("censored_batch_sizes", censored)
     return out
-
-
-def _analysed_statuses() -> tuple[str, ...]:
-    """COMPLETE and STOPPED_AT_GOAL (a stopped trial's steps are the updates it ran)."""
-    return ("COMPLETE", "STOPPED_AT_GOAL")

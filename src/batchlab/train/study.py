@@ -30,6 +30,7 @@ from batchlab.train.trial import (
     TrialResult,
     TrialSpec,
     default_study_definition,
+    geometric_evaluation,
     prepare_trial,
     run_prepared,
     stop_rule,
@@ -114,9 +115,7 @@ def study_trial_specs(
     w = get_workload(workload)
     probe = TrialSpec(workload=workload, optimizer=optimizer, batch_size=batch_size, hyperparameters={}, steps=steps,
                       train_examples=train_examples, data_seed=seed, search_space=configs)
-    evaluation = {"rule": "geometric", "resolution": resolution, "refine": refine}
-    if eval_budget is not None:
-        evaluation["eval_budget"] = eval_budget
+    evaluation = geometric_evaluation(resolution, refine, eval_budget)
     try:
         definition = default_study_definition(
             probe, store_workload=store_workload_name(w.name, optimizer), steps=steps, evaluation=evaluation,

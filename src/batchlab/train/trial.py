@@ -331,9 +331,8 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
         plan = budgeted_plan(plan, spec.eval_budget, batch_size, steps)
     store_workload = store_workload_name(workload.name, spec.optimizer)
     if spec.evaluation_steps is None:
-        evaluation = {"rule": "geometric", "resolution": resolution, "refine": spec.refine}
-        if spec.eval_budget is not None:
-            evaluation["eval_budget"] = float(spec.eval_budget)
+        eval_budget = None if spec.eval_budget is None else float(spec.eval_budget)
+        evaluation = geometric_evaluation(resolution, spec.refine, eval_budget)
     else:
         evaluation = {"rule": "steps", "steps": list(plan.steps)}
     definition = spec.study_definition
@@ -381,6 +380,15 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
 
 
 REFINE_MODES = ("replay", "dense")
+
+
+def geometric_evaluation(resolution: float, refine: str, eval_budget: float | None = None) -> dict:
+    """The ``evaluation`` of a study definition on the workload's default schedule:
+    ``{"rule": "geometric", "resolution", "refine"}``, plus ``eval_budget`` when one is set."""
+    evaluation = {"rule": "geometric", "resolution": resolution, "refine": refine}
+    if eval_budget is not None:
+        evaluation["eval_budget"] = eval_budget
+    return evaluation
 
 
 def stop_rule(workload, goal: float | None = None) -> dict:
