@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints.txt requirements-nodeps.txt
 	touch $(STAMP)
 
 demo: install
-	$(VENV)/bin/batchlab nqm figures --out figures/nqm
+	$(VENV)/bin/batchlab nqm figures
 
 test: install
 	$(PY) -m pytest -q -n 2 tests

@@ -90,7 +90,8 @@ def plain_loop(workload, data, batch_size: int, steps: int, seed: int = 0) -> fl
 def batchlab_trial(name: str, batch_size: int, steps: int, schedule, eval_budget=None):
     """(CPU seconds of run_trial, wall seconds, its TrialResult), recording into a temporary store."""
     spec = TrialSpec(workload=name, optimizer="sgd", batch_size=batch_size, eval_budget=eval_budget,
-                     hyperparameters={"learning_rate": LEARNING_RATE}, steps=steps, evaluation_steps=schedule)
+                     hyperparameters={"learning_rate": LEARNING_RATE}, steps=steps, evaluation_steps=schedule,
+                     device="cpu")  # the plain loop runs on the CPU too, also where a GPU is present
     with tempfile.TemporaryDirectory() as tmp:
         store = Store.open(os.path.join(tmp, "store"), create=True)
         start, start_wall = time.process_time(), time.perf_counter()

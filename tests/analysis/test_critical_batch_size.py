@@ -4,12 +4,10 @@ import numpy as np
 import pytest
 
 from batchlab.analysis.critical_batch_size import (
-    DEFINITIONS,
     DIMINISHING_RETURNS,
     MAXIMAL_DATA_PARALLELISM,
     PERFECT_SCALING,
     REGISTRY,
-    critical_batch_sizes,
     fit_steps,
     fit_steps_curve,
     overhead_batch_size,
@@ -17,6 +15,7 @@ from batchlab.analysis.critical_batch_size import (
     summarize_curve,
 )
 from batchlab.analysis.curve import StepsCurve, curve_from_arrays
+from batchlab.analysis.definitions import get_definition
 from batchlab.errors import BatchlabError
 
 
@@ -101,8 +100,8 @@ def test_brackets_weight_the_fit():
 def test_named_batch_sizes_follow_their_definitions():
     curve = hyperbola_curve()
     fit = fit_steps_curve(curve)
-    named = critical_batch_sizes(fit, tolerance=0.1)
-    assert set(named) == {d.name for d in REGISTRY if d.source == "fit"}
+    named = {d.name: d.value(fit, 0.1, fit.b0, None) for d in REGISTRY}  # no curve: data-read ones None
+    assert {k for k, v in named.items() if v is not None} == {d.name for d in REGISTRY if d.source == "fit"}
     b0 = 1.0
     assert fit.b0 == b0
     assert named["overhead_20pct"] == pytest.approx(0.2 * fit.b_crit + 1.2 * b0)
@@ -115,8 +114,11 @@ def test_named_batch_sizes_follow_their_definitions():
     # At B_crit, steps are twice the minimum.
     assert fit.predicted_steps(fit.b_crit) == pytest.approx(2 * fit.s_min)
     assert overhead_batch_size(fit, 1.0) == pytest.approx(fit.b_crit + 2 * b0)
-    with_data = critical_batch_sizes(fit, 0.1, curve=curve)
-    assert list(with_data) == [d.name for d in REGISTRY]
+    summary = summarize_curve(curve, tolerance=0.1)
+    assert list(summary["critical_batch_sizes"]) == [d.name for d in REGISTRY]
+    for d in REGISTRY:
+        if d.source == "fit":
+            assert summary["critical_batch_sizes"][d.name]["value"] == named[d.name]
 
 
 def test_b0_can_be_shared_between_curves():
@@ -156,7 +158,7 @@ def test_summary_says_what_the_number_rests_on():
     assert any("two reached batch sizes" in w for w in summary["warnings"])
     assert summary["fit"]["dof"] == 0 and summary["fit"]["p_value"] is None
     for name, entry in summary["critical_batch_sizes"].items():
-        assert entry["definition"] == DEFINITIONS[name] and entry["source"] in ("fit", "data")
+        assert entry["definition"] == get_definition(name).definition and entry["source"] in ("fit", "data")
     far = summarize_curve(hyperbola_curve(b_crit=1e6))
     assert far["extrapolated"] and any("extrapolated" in w for w in far["warnings"])
 
@@ -175,8 +177,6 @@ def test_too_few_points_is_a_clear_error():
 
 @pytest.mark.parametrize("tolerance", [0, 1, 1.5, -0.1])
 def test_tolerance_must_be_in_the_open_unit_interval(tolerance):
-    with pytest.raises(BatchlabError, match=r"tolerance must be in \(0, 1\)"):
-        critical_batch_sizes(fit_steps_curve(hyperbola_curve()), tolerance=tolerance)
     with pytest.raises(BatchlabError, match=r"tolerance must be in \(0, 1\)"):
         summarize_curve(hyperbola_curve(), tolerance=tolerance)
 

@@ -58,3 +58,47 @@ def test_study_columns_are_text_and_listed():
     from batchlab.analysis.selection import study_definitions
 
     assert study_definitions(con, W) == {"abc": {"batch_size": 4, "sweep": "s"}}
+
+
+def test_the_analysis_reads_the_store_schemas_own_names(tmp_path):
+    """The analysis' names are the schema's (no copies), and every query of the analysis binds against
+    views that have exactly the schema's columns (a store's): a column the analysis selects that the
+    schema lacks, or a column renamed in the schema only, fails here."""
+    from batchlab.analysis import tables
+    from batchlab.analysis.bootstrap import critical_batch_size_with_intervals
+    from batchlab.analysis.budgets import best_measurement, best_measurement_by_budget
+    from batchlab.analysis.metaparameters import searched_ranges, trial_outcomes
+    from batchlab.analysis.selection import study_definitions
+    from batchlab.store import Store, TrialRecord, publish_trials, schema
+
+    assert tables.VIEW_COLUMNS is schema.VIEW_COLUMNS and tables.TRIAL_STATUSES is schema.STATUSES
+    assert tables.DEFAULT_STATUSES is schema.DEFAULT_ANALYSIS_STATUSES
+    assert set(tables.DEFAULT_STATUSES) <= set(schema.STATUSES)
+    for name, optional in tables.OPTIONAL_COLUMNS.items():
+        assert set(optional) <= set(schema.VIEW_COLUMNS[name])
+
+    store = Store.open(tmp_path / "store", create=True)
+    metric = "val/classification_error"
+    publish_trials(store, [
+        TrialRecord(workload=W, batch_size=b, trial_id=i, trial_key=f"{b}-{i}",
+                    parameters={"learning_rate": 0.1 * i, "momentum": 0.9}, status="COMPLETE", steps=100,
+                    measurements=[(0, metric, 0.9), (50 // b, metric, 0.5), (100 // b, metric, 0.01 * i)],
+                    train_steps=100,
+                    search_space={"learning_rate": {"type": "DOUBLE", "min_value": 0.01, "max_value": 1.0,
+                                                  "scale": "LOG_SCALE"}})
+        for b in (2, 4, 8) for i in (1, 2)
+    ])
+    con = store.connect()
+    for name in schema.TABLES:
+        assert tables.view_columns(con, name) == schema.VIEW_COLUMNS[name]
+    selection = Selection(W, metric, 0.05)
+    (results,) = steps_to_result_many(con, [selection])
+    assert [r.reached for r in results] == [True, True, True]
+    assert workload_names(con) == [W] and metric_names(con, W) == [metric]
+    assert len(study_definitions(con, W)) == 3
+    assert [b.batch_size for b in best_measurement(con, W, metric, step_budget=50)] == [2, 4, 8]
+    assert best_measurement_by_budget(con, W, metric, [10, 100]).budgets == (10, 100)
+    assert set(trial_outcomes(con, selection)["outcome"]) == {"reached"}
+    assert set(searched_ranges(con, results)) == {2, 4, 8}
+    estimate = critical_batch_size_with_intervals(con, selection, n_boot=3)
+    assert list(estimate.to_dict()["critical_batch_sizes"])  # one entry per registry name

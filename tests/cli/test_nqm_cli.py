@@ -94,15 +94,45 @@ def test_fit_prints_data_read_and_fit_derived_regimes_with_the_grid(capsys):
     assert code == 0 and json.loads(out)["b0"] == 16
 
 
+def _strict_json_lines(out):
+    """Parse JSON lines refusing NaN/Infinity (which Python's json would otherwise accept)."""
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    return [json.loads(line, parse_constant=refuse) for line in out.strip().splitlines()]
+
+
 def test_curve_json_every_step_and_log(capsys):
     code, out, _ = run(capsys, "nqm", "curve", "--learning-rate", "0.1", "--batch-size", "16", "--steps", "50", "--json")
-    rows = [json.loads(line) for line in out.strip().splitlines()]
+    *rows, last = _strict_json_lines(out)
     assert code == 0 and [r["step"] for r in rows] == list(range(51))
     assert rows[0]["loss"] == pytest.approx(4.7025, abs=5e-5) and rows[-1]["loss"] < rows[0]["loss"]
+    assert last["curve"]["diverged"] is False and last["curve"]["diverged_at_step"] is None
+    assert last["curve"]["final_loss"] == rows[-1]["loss"]
     code, out, _ = run(capsys, "nqm", "curve", "--optimizer", "momentum", "--momentum", "0.9", "--learning-rate",
                        "0.01", "--batch-size", "16", "--steps", "100000", "--every", "log", "--json")
-    rows = [json.loads(line) for line in out.strip().splitlines()]
+    *rows, last = _strict_json_lines(out)
     assert code == 0 and rows[0]["step"] == 0 and rows[-1]["step"] == 100000 and len(rows) < 250
+    assert last["curve"]["optimizer"] == "momentum" and last["curve"]["diverged"] is False
+
+
+@pytest.mark.parametrize("every", ["1", "log"])
+def test_curve_json_of_a_diverging_run_is_valid_json_and_says_it_diverged(capsys, every):
+    # lr = 3 > 2 / h_max: the expected loss grows like (1 - 3)^(2t) and overflows float64 within 1000 steps
+    code, out, _ = run(capsys, "nqm", "curve", "--learning-rate", "3", "--batch-size", "4", "--steps", "1000",
+                       "--every", every, "--json")
+    assert code == 0 and "Infinity" not in out and "NaN" not in out
+    *rows, last = _strict_json_lines(out)
+    curve = last["curve"]
+    assert curve["diverged"] is True and curve["final_loss"] is None
+    k = curve["diverged_at_step"]
+    assert 0 < k <= 1000
+    assert all(r["loss"] is None for r in rows if r["step"] >= k)
+    assert all(r["loss"] is not None and r["loss"] > 0 for r in rows if r["step"] < k)
+    assert max(r["loss"] for r in rows if r["step"] < k) > 1e250  # grew to the edge of float64 first
+    code, out, _ = run(capsys, "nqm", "curve", "--learning-rate", "3", "--batch-size", "4", "--steps", "1000",
+                       "--every", every)
+    assert code == 0 and f"diverged: the expected loss overflowed (is not finite) from step {k} on" in out
 
 
 @pytest.mark.parametrize(
@@ -113,7 +143,12 @@ def test_curve_json_every_step_and_log(capsys):
         (["sweep", "--target", "0"], "target must be > 0"),
         (["sweep", "--target", "10"], "below the initial loss"),
         (["sweep", "--precondition", "1.5"], "[0, 1]"),
-        (["sweep", "--optimizer", "adam"], "unknown optimizer"),
+        (["sweep", "--optimizer", "adam"], "unknown optimizer 'adam'"),
+        (["fit", "--optimizer", "nesterov-ema"], "did you mean 'nesterov+ema'"),
+        (["curve", "--optimizer", "kfac", "--learning-rate", "0.1", "--batch-size", "4", "--steps", "10"],
+         "known: ema, momentum, momentum+ema, nesterov, nesterov+ema, sgd"),
+        (["sweep", "--optimizer", "momentum", "--schedule", "pwc:3"], "pwc:K is implemented for --optimizer sgd only"),
+        (["sweep", "--optimizer", "ema", "--notebook-fudge"], "--notebook-fudge applies to --optimizer sgd"),
         (["sweep", "--preset", "nope"], "unknown preset"),
         (["sweep", "--schedule", "step"], "unknown schedule"),
         (["sweep", "--grid", "fine"], "unknown grid"),
@@ -194,3 +229,81 @@ def test_pwc_schedule_respects_max_steps(capsys):
     assert free["reached"] and free["steps"] == 3 * free["piece_length"] <= 400_000
     capped = pwc(free["steps"] - 1)  # one update short of it: not reached within the budget
     assert capped["reached"] is False and capped["steps"] is None
+
+
+def test_algorithms_lists_the_registry(capsys):
+    from batchlab.nqm.algorithms import nqm_algorithm_names
+
+    code, out, _ = run(capsys, "nqm", "algorithms", "--json")
+    entries = _strict_json_lines(out)
+    assert code == 0 and [e["name"] for e in entries] == list(nqm_algorithm_names())
+    assert {e["name"]: e["hyperparameters"] for e in entries}["nesterov+ema"] == ["learning_rate", "momentum",
+                                                                                 "ema_decay"]
+    code, out, _ = run(capsys, "nqm", "algorithms")
+    assert code == 0 and all(name in out for name in nqm_algorithm_names())
+
+
+def test_figures_out_under_a_missing_parent_is_an_error_and_writes_nothing(capsys, tmp_path):
+    target = tmp_path / "no-such-dir" / "figs"
+    code, out, err = run(capsys, "nqm", "figures", "--out", str(target), "--workers", "1")
+    assert (code, out) == (2, "") and err.startswith("error: ") and err.count("\n") == 1
+    assert "does not exist" in err and "no-such-dir" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_figure_directory_refuses_a_missing_parent(tmp_path):
+    from batchlab.errors import BatchlabError
+    from batchlab.plots.nqm import figure_directory
+
+    with pytest.raises(BatchlabError, match="does not exist"):
+        figure_directory(tmp_path / "missing" / "figs")
+    assert not (tmp_path / "missing").exists()
+    assert figure_directory(tmp_path / "figs").is_dir()  # the directory itself is created under an existing parent
+
+
+def test_sweep_pwc_json_is_unchanged_by_the_move_to_the_library(capsys):
+    # numbers of `nqm sweep --batch-sizes 16,256 --schedule pwc:3 --json` captured before the PWC tuning moved
+    # out of the CLI into batchlab.nqm.tuning.tune_pwc
+    code, out, _ = run(capsys, "nqm", "sweep", "--batch-sizes", "16,256", "--schedule", "pwc:3", "--json")
+    rows = _strict_json_lines(out)
+    assert code == 0
+    assert [(r["batch_size"], r["steps"], r["piece_length"], r["constant_steps"]) for r in rows] == [
+        (16, 77091, 25697, 379888), (256, 11388, 3796, 25881)]
+    assert rows[0]["learning_rates"] == [0.7985549026874106, 0.16855378594170747, 0.020544034048037552]
+    assert rows[1]["final_loss"] == 0.00999588498738715
+    assert all(r["schedule"] == "pwc:3" and r["certified"] == "local-optimum" and r["grid"] == "official" for r in rows)
+
+
+def test_the_critical_batch_size_table_has_one_column_per_registry_definition(capsys):
+    from batchlab.analysis.definitions import named_definitions
+    from batchlab.cli import nqm as nqm_cli
+    from batchlab.nqm.sweep import fit_summary
+
+    rows = [{"batch_size": b, "steps": s} for b, s in ((4, 1000), (16, 260), (64, 80), (256, 40), (1024, 35))]
+    summary = fit_summary(rows, "toy curve")
+    nqm_cli._print_critical_batch_sizes([summary])
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if "curve" in line and "S_min" in line)
+    columns = [cell.strip() for cell in header.strip("┃ ").split("┃")]
+    labels = [d.label for d in named_definitions()]
+    assert columns[2 : 2 + len(labels)] == labels
+    for d in named_definitions():
+        assert f"{d.label} = {d.name}: {d.definition}" in out
+
+
+def test_figures_default_directory_is_created_with_a_note(capsys, tmp_path, monkeypatch):
+    import batchlab.plots.nqm as plots_nqm
+
+    seen = {}
+
+    def fake_compute(out_dir, workers):  # the directory handling is under test, not the computation
+        seen["out"] = out_dir
+        return {}, {"training_curves": plots_nqm.figure_directory(out_dir) / "x.png"}, {"compute_s": 0.0}
+
+    monkeypatch.setattr(plots_nqm, "compute_and_draw_nqm_figures", fake_compute)
+    monkeypatch.setattr(plots_nqm, "critical_batch_size_table", lambda data: [])
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "nqm", "figures", "--json")
+    assert code == 0 and seen["out"] == "figures/nqm" and (tmp_path / "figures" / "nqm").is_dir()
+    assert err.strip() == "created figures/nqm"
+    assert _strict_json_lines(out)[-1]["figures"] == {"training_curves": "figures/nqm/x.png"}

@@ -74,7 +74,7 @@ def test_optimizers_json_has_defaults_and_search_spaces(capsys):
     status, out, _ = run_main(capsys, "optimizers", "--json")
     assert status == 0
     described = {d["name"]: d for d in json_lines(out)}
-    assert set(described) == {"sgd", "momentum", "nesterov", "adam", "kfac", "lars", "lamb"}
+    assert {"sgd", "momentum", "nesterov", "adam", "kfac", "lars", "lamb"} <= set(described)
     assert described["momentum"]["defaults"]["momentum"] == 0.9
     assert set(described["adam"]["search_space"]) >= {"learning_rate", "beta1", "beta2"}
 
@@ -132,7 +132,7 @@ def easy_workload(monkeypatch):
 def test_study_records_n_trials_and_prints_the_best(capsys, tmp_path, easy_workload):
     store = tmp_path / "s"
     args = ["study", easy_workload, "--optimizer", "momentum", "--batch-size", "64", "--trials", "3",
-            "--store", str(store), "--steps", "16", "--train-examples", "512", "--seed", "0"]
+            "--store", str(store), "--steps", "16", "--train-examples", "512", "--seed", "0", "--no-stop-at-goal"]
     status, out, err = run_main(capsys, *args, "--json")
     assert status == 0, err
     *trials, summary = json_lines(out)
@@ -184,7 +184,7 @@ def test_eval_budget_and_train_eval_examples(capsys, tmp_path):
 def test_train_json_has_the_bracket_and_stopped_at_goal_status(capsys, tmp_path, easy_workload):
     args = ["train", easy_workload, "--optimizer", "momentum", "--batch-size", "64", "--learning-rate", "0.1",
             "--momentum", "0.9", "--steps", "120", "--train-examples", "512", "--resolution", "0.2", "--json"]
-    status, out, err = run_main(capsys, *args)
+    status, out, err = run_main(capsys, *args, "--no-stop-at-goal")
     assert status == 0, err
     *evaluations, full = json_lines(out)
     assert full["status"] == "COMPLETE" and full["steps"] == 120 and full["resolution"] == pytest.approx(0.2, abs=0.01)
@@ -214,3 +214,69 @@ def test_study_resolution_and_brackets(capsys, tmp_path, easy_workload):
     status, _, err = run_main(capsys, "study", easy_workload, "--optimizer", "momentum", "--batch-size", "64",
                               "--trials", "2", "--store", str(tmp_path / "t"), "--resolution", "2")
     assert status == 2 and "resolution must be a number in (0, 1)" in err and not (tmp_path / "t").exists()
+
+
+def test_tables_in_a_file_or_pipe_are_never_cut(capsys, tmp_path, easy_workload):
+    # capsys stands for a file or pipe (not a terminal): no 80-column cut of names or values
+    status, out, _ = run_main(capsys, "workloads")
+    assert status == 0 and "…" not in out
+    assert all(name in out for name in workload_names())
+    status, out, _ = run_main(capsys, "study", easy_workload, "--optimizer", "momentum", "--batch-size", "64",
+                              "--trials", "2", "--store", str(tmp_path / "s"), "--steps", "4", "--train-examples",
+                              "256", "--no-stop-at-goal")
+    assert status == 0 and "…" not in out
+    stored = Store.open(tmp_path / "s").table("trials").to_pylist()
+    for trial in stored:  # every trial's whole learning rate is in the table
+        learning_rate = json.loads(trial["parameters"])["learning_rate"]
+        assert f"learning_rate={learning_rate:.4g}" in out
+    assert f"{easy_workload}/momentum, batch size 64" in out
+    status, out, _ = run_main(capsys, "optimizers")
+    assert status == 0 and "…" not in out and "learning_rate LOG_SCALE" in out
+
+
+def test_store_under_a_missing_directory_is_an_error_and_a_new_store_is_announced(capsys, tmp_path):
+    missing = tmp_path / "typo" / "store"
+    for command in (TRAIN[:-4] + ["--steps", "2", "--train-examples", "64"],
+                    ["study", "mnist/fc_64_64_64", "--optimizer", "sgd", "--batch-size", "8", "--trials", "1",
+                     "--steps", "2", "--train-examples", "64"]):
+        status, out, err = run_main(capsys, *command, "--store", str(missing))
+        assert status == 2 and err.startswith("error: ") and err.count("\n") == 1 and "does not exist" in err
+        assert not (tmp_path / "typo").exists()
+    status, out, err = run_main(capsys, *TRAIN[:-4], "--steps", "2", "--train-examples", "64", "--store",
+                                str(tmp_path / "new"))
+    assert status == 0 and f"created a new store at {tmp_path / 'new'}" in err
+    status, out, err = run_main(capsys, *TRAIN[:-4], "--steps", "2", "--train-examples", "64", "--store",
+                                str(tmp_path / "new"))
+    assert status == 0 and "created a new store" not in err
+
+
+def test_device_option_is_checked_first(capsys, tmp_path):
+    import torch
+
+    status, out, err = run_main(capsys, *TRAIN[:-4], "--steps", "2", "--train-examples", "64", "--device", "cpu",
+                                "--json")
+    assert status == 0, err
+    assert json_lines(out)[-1]["status"] == "COMPLETE"
+    status, _, err = run_main(capsys, *TRAIN, "--device", "tpu", "--store", str(tmp_path / "s"))
+    assert status == 2 and err.count("\n") == 1 and "cuda:N" in err and not (tmp_path / "s").exists()
+    if not torch.cuda.is_available():
+        status, _, err = run_main(capsys, "study", "mnist/fc_64_64_64", "--optimizer", "sgd", "--batch-size", "8",
+                                  "--trials", "1", "--device", "cuda", "--store", str(tmp_path / "s"))
+        assert status == 2 and err.count("\n") == 1 and not (tmp_path / "s").exists()
+
+
+def test_workloads_json_describes_a_workload_given_by_reference(capsys, tmp_path):
+    path = tmp_path / "toy.py"
+    path.write_text(
+        "import torch\nfrom torch import nn\nfrom batchlab.workloads import Workload, regression\n\n"
+        "def data():\n    x = torch.randn(64, 3, generator=torch.Generator().manual_seed(0))\n"
+        "    return {'train': (x[:48], x[:48].sum(1)), 'val': (x[48:], x[48:].sum(1))}\n\n"
+        "def workload():\n    return Workload(name='toy/sum', summary='sum', task=regression(), make_model=lambda: "
+        "nn.Sequential(nn.Linear(3, 1), nn.Flatten(0)), data=data, metric='val/mse', goal=0.1, default_steps=5, "
+        "default_batch_size=8)\n")
+    status, out, err = run_main(capsys, "workloads", f"{path}:workload", "--json")
+    assert status == 0, err
+    (described,) = json_lines(out)
+    assert described["name"] == "toy/sum" and described["metric"] == "val/mse"
+    status, out, err = run_main(capsys, "workloads", f"{path}:nothing", "--json")
+    assert status == 2 and err.count("\n") == 1 and "nothing" in err

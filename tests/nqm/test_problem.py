@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 
@@ -86,3 +88,26 @@ def test_nqm_never_imports_torch():
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+def test_select_problem_chooses_one_source_and_refuses_bad_combinations(tmp_path):
+    from batchlab.nqm.problem import fits_in_memory, select_problem
+
+    assert select_problem().name == "zhang2019-binned" and select_problem("zhang2019").dimension == 10_000
+    assert select_problem(power_law_exponents="1,0.5", dim=7).noise.tolist() == select_problem(
+        power_law_exponents=(1.0, 0.5), dim=7).noise.tolist()
+    spectrum = tmp_path / "eig.txt"
+    spectrum.write_text("1\n0.5\n")
+    assert select_problem(spectrum=spectrum).curvature.tolist() == [1.0, 0.5]
+    for kwargs, fragment in [
+        ({"power_law_exponents": "1,1", "spectrum": spectrum}, "at most one of --power-law and --spectrum"),
+        ({"power_law_exponents": "1"}, "--power-law must be 'A,B'"),
+        ({"power_law_exponents": "1,1"}, "--power-law needs --dim"),
+        ({"dim": 5}, "--dim only applies with --power-law"),
+        ({"preset_name": "zhang"}, "unknown preset 'zhang'"),
+    ]:
+        with pytest.raises(BatchlabError, match=re.escape(fragment)):
+            select_problem(**kwargs)
+    with pytest.raises(BatchlabError, match=r"\(7 eigenvalues\) needs more memory"):
+        with fits_in_memory(select_problem(power_law_exponents="1,1", dim=7)):
+            raise MemoryError

@@ -76,7 +76,7 @@ def kfac_algorithm(model, damping, factor_decay, period):
         {"learning_rate": 1.0, "momentum": 0.0, "damping": damping,
          "factor_decay": factor_decay, "inverse_update_period": period},
     )
-    return TrainingAlgorithm("kfac", model, F.cross_entropy, h, kfac_fisher_type="empirical")
+    return TrainingAlgorithm("kfac", model, F.cross_entropy, h, preconditioner_options={"fisher_type": "empirical"})
 
 
 @pytest.mark.parametrize(("period", "conv"), [(1, CONV), (2, CONV), (1, CONV_PADDED)])

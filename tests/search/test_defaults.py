@@ -46,3 +46,32 @@ def test_errors():
         default_search_space("sgd", schedule="cosine")
     with pytest.raises(BatchlabError, match="needs train_steps"):
         default_search_space("sgd", schedule="linear")
+
+
+def test_new_optimizers_spaces():
+    assert default_search_space("adamw").names == ["learning_rate", "beta1", "beta2", "weight_decay"]
+    assert default_search_space("soap").names == ["learning_rate", "beta1", "beta2"]
+    assert default_search_space("muon").names == ["learning_rate", "momentum", "adam_learning_rate"]
+    # Each library's own default lies inside its searched range.
+    for name, key in (("adamw", "learning_rate"), ("soap", "learning_rate"), ("soap", "beta2"),
+                      ("muon", "learning_rate"), ("muon", "momentum"), ("muon", "adam_learning_rate")):
+        config = default_search_space(name).to_batch_science()[key]
+        assert config["min_value"] <= optimizer_defaults(name)[key] <= config["max_value"], (name, key)
+
+
+def test_a_registered_optimizer_has_its_own_space(monkeypatch):
+    import torch
+
+    from batchlab.optim import OptimizerEntry, register_optimizer, registry
+    from batchlab.search import Parameter
+
+    registry._registry()
+    monkeypatch.setattr(registry, "_entries", dict(registry._entries))
+    register_optimizer(OptimizerEntry(
+        name="my_adagrad", summary="Adagrad", defaults={"learning_rate": 0.01},
+        search_space=(Parameter("learning_rate", "DOUBLE", "LOG", 1e-3, 1.0),),
+        build=lambda params, h: torch.optim.Adagrad(params, lr=h["learning_rate"]),
+    ))
+    space = default_search_space("my_adagrad", train_steps=10, schedule="linear")
+    assert space.names == ["learning_rate", "learning_rate_decay_steps", "end_learning_rate_factor"]
+    assert space.to_batch_science()["learning_rate"]["max_value"] == 1.0

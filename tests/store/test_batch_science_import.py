@@ -196,10 +196,10 @@ def test_a_study_without_trials_is_recorded(tmp_path, store):
 
 
 def sorted_by_layout(table):
-    """Whether the rows of a measurements table are in maintenance.MEASUREMENT_ORDER."""
+    """Whether the rows of a measurements table are in schema.MEASUREMENT_ORDER."""
     import pyarrow as pa
 
-    from batchlab.store.maintenance import MEASUREMENT_ORDER
+    from batchlab.store.schema import MEASUREMENT_ORDER
 
     frame = table.select(list(MEASUREMENT_ORDER)).cast(
         pa.schema([(n, pa.string() if n in ("workload", "metric") else pa.int64()) for n in MEASUREMENT_ORDER])
@@ -213,11 +213,11 @@ def test_measurement_files_are_sorted_with_small_row_groups(tmp_path, release, m
     # statistics, key columns dictionary-encoded.
     import pyarrow.parquet as pq
 
-    from batchlab.store import maintenance
+    from batchlab.store import schema
 
     root, _ = release
     store = Store.open(tmp_path / "s", create=True)
-    monkeypatch.setattr(maintenance, "MEASUREMENT_ROW_GROUP_ROWS", 16)  # several groups, tiny tree
+    monkeypatch.setattr(schema, "MEASUREMENT_ROW_GROUP_ROWS", 16)  # several groups, tiny tree
     import_batch_science(store, root, jobs=2, trials_per_batch=5)
     files = [store.root / f for f in store.state().files["measurements"]]
     assert len(files) > 1

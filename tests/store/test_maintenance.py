@@ -77,14 +77,14 @@ def test_garbage_of_dead_writers_is_collected_but_live_files_are_kept(store, rel
 
 
 def test_compaction_writes_measurements_in_the_import_layout(store, release, monkeypatch):
-    # Trial writers' small files come in commit order; the merged file is re-sorted by
-    # (workload, metric, batch_size, trial_id, step) with the import's row groups.
-    from batchlab.store import maintenance
+    # Many small files (one per trial writer); the merged file is re-sorted by
+    # (workload, metric, batch_size, trial_id, step) with the layout's row groups.
+    from batchlab.store import maintenance, schema
     from test_batch_science_import import sorted_by_layout
 
     fill(store, release[0])
     before = answers(store)
-    monkeypatch.setattr(maintenance, "MEASUREMENT_ROW_GROUP_ROWS", 32)
+    monkeypatch.setattr(schema, "MEASUREMENT_ROW_GROUP_ROWS", 32)
     compact(store, grace_seconds=600)
     (merged,) = store.state().files["measurements"]
     parquet = pq.ParquetFile(store.root / merged)

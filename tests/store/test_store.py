@@ -207,3 +207,51 @@ def test_log_replay_does_not_confuse_a_recreated_store(tmp_path):
     publish_trials(again, [TrialRecord(W, 8, 1, "c", {"learning_rate": 0.1}, "COMPLETE", 3)])
     assert again.finished_trial_keys() == {"c"} and again.state().seq == 1
     assert Store.open(tmp_path / "copy").finished_trial_keys() == {"a", "b"}
+
+
+def test_open_or_create_reports_creation_and_refuses_a_missing_parent(tmp_path):
+    store, created = Store.open_or_create(tmp_path / "new")
+    assert created and (tmp_path / "new" / "batchlab-store.json").is_file()
+    again, created = Store.open_or_create(tmp_path / "new")
+    assert not created and again.root == store.root
+    (tmp_path / "empty").mkdir()
+    assert Store.open_or_create(tmp_path / "empty")[1]
+    # a mistyped parent: one line, nothing created anywhere
+    with pytest.raises(BatchlabError, match=r"cannot create a store at .*typo/store: directory .*typo does not exist") as info:
+        Store.open_or_create(tmp_path / "typo" / "store")
+    assert "\n" not in str(info.value) and not (tmp_path / "typo").exists()
+    (tmp_path / "afile").write_text("keep")
+    with pytest.raises(BatchlabError, match="is a file"):
+        Store.open_or_create(tmp_path / "afile")
+
+
+def test_a_failed_import_leaves_no_new_store_behind(tmp_path):
+    from batchlab.store import store_for_import
+
+    def failing(path):
+        with pytest.raises(BatchlabError, match="bad file"):
+            with store_for_import(path) as (target, created):
+                assert created
+                target.write_data_file("measurements", pa.table({
+                    "workload": [W], "batch_size": [1], "trial_id": [1], "step": [0], "metric": ["m"],
+                    "value": [1.0]}))  # an uncommitted file: removed with the store
+                raise BatchlabError("bad file")
+
+    failing(tmp_path / "new")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "empty").mkdir()
+    failing(tmp_path / "empty")  # the user's empty directory stays, empty
+    assert (tmp_path / "empty").is_dir() and list((tmp_path / "empty").iterdir()) == []
+    # an existing store is never removed, and one that got a commit is kept
+    store = Store.open(tmp_path / "kept", create=True)
+    with pytest.raises(BatchlabError):
+        with store_for_import(tmp_path / "kept") as (target, created):
+            assert not created
+            raise BatchlabError("bad file")
+    with pytest.raises(BatchlabError):
+        with store_for_import(tmp_path / "committed") as (target, created):
+            publish_trials(target, [TrialRecord(workload=W, batch_size=1, trial_id=1, trial_key="k",
+                                                parameters={}, status="COMPLETE", steps=0)])
+            raise BatchlabError("later problem")
+    assert Store.open(store.root).state().seq == 0
+    assert len(Store.open(tmp_path / "committed").finished_trial_keys()) == 1

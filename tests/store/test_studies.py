@@ -52,6 +52,18 @@ def test_definition_has_exactly_the_keys_and_a_canonical_id():
     assert json.loads(json.dumps(d)) == d
 
 
+def test_a_cpu_definition_keeps_its_id_and_a_gpu_one_is_another_study():
+    # 07c6ab078dca: the id of this definition before devices existed (batchlab before issue 9)
+    assert study_id(definition()) == study_id(definition(device="cpu")) == "07c6ab078dca"
+    assert "device" not in definition(device="cpu") and "device" not in definition()
+    gpu = definition(device="cuda:1")
+    assert gpu["device"] == "cuda" and study_id(gpu) != study_id(definition())
+    assert study_id(gpu) == study_id(definition(device="cuda"))
+    # a stored definition re-validated (check_definition) keeps its device
+    from batchlab.store.studies import check_definition
+    assert check_definition(gpu, W, 64) == gpu
+
+
 @pytest.mark.parametrize("bad, match", [
     ({"batch_size": 0}, "batch_size"),
     ({"train_steps": -1}, "train_steps"),
@@ -63,6 +75,7 @@ def test_definition_has_exactly_the_keys_and_a_canonical_id():
     ({"source": ""}, "source"),
     ({"sweep": object()}, "sweep"),
     ({"sweep": float("inf")}, "sweep"),
+    ({"device": ""}, "device"),
 ])
 def test_bad_definitions_are_one_line_user_errors(bad, match):
     with pytest.raises(BatchlabError, match=match) as info:
@@ -240,8 +253,8 @@ def test_next_trial_id_never_lands_in_a_sweeps_block_of_ids(store):
     publish_trials(store, [record(1, plain), record(2, plain)])
     assert store.next_trial_id(W, 64) == 3  # no sweep here: the next id
     swept = definition(train_steps=600, sweep="abc123")
-    publish_trials(store, [record(TRIAL_ID_BLOCK + i, swept) for i in range(3)])
-    # the sweep owns block 1 (ids 100000..): a `batchlab train` trial takes the next block, so the sweep
+    publish_trials(store, [record(TRIAL_ID_BLOCK + 1 + i, swept) for i in range(3)])
+    # the sweep owns block 1 (ids 100001..): a `batchlab train` trial takes the next block, so the sweep
     # can still be extended by more points in its own block
-    assert store.next_trial_id(W, 64) == 2 * TRIAL_ID_BLOCK
+    assert store.next_trial_id(W, 64) == 2 * TRIAL_ID_BLOCK + 1
     assert store.next_trial_id(W, 128) == 1  # other batch sizes are independent

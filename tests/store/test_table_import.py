@@ -80,7 +80,7 @@ def test_import_parquet_with_optional_columns(tmp_path, store):
     (HEADER, [f"{W},64,1,0,0.5,1,0.1,DONE"], "unknown status 'DONE'"),
     (HEADER, [f"{W},64,1,0,bad,1,0.1,"], "metric column 'val/classification_error' must hold numbers, got 'bad'"),
     (HEADER, [f"{W},64,1,0,0.5,1,0.1,", f"{W},64,1,1,0.5,1,0.2,"], "conflicting 'param:learning_rate'"),
-    (HEADER, [f"mnist/fc,64,1,0,0.5,1,0.1,"], "dataset/model/optimizer"),
+    (HEADER, ["mnist/fc,64,1,0,0.5,1,0.1,"], "dataset/model/optimizer"),
     (HEADER + ",loss", [f"{W},64,1,0,0.5,1,0.1,,0.3"], "unknown column 'loss'"),
     ("workload,batch_size,trial_id,step", [f"{W},64,1,0"], "no metric column"),
     (HEADER, [], "no rows"),

@@ -138,3 +138,55 @@ def test_budget_rule_keys_mirror_the_flags(tmp_path):
     assert config.budget_rule(workload) == {"rule": "examples", "examples": 10000, "min_steps": 50, "max_steps": 5000,
                                             "basis": "epochs", "epochs": 1.0, "train_examples": 10000}
     assert config.resolution == 0.1 and config.schedule == "linear"
+
+
+def test_command_line_defaults_live_in_the_library(tmp_path):
+    from batchlab.sweep.config import DEFAULT_OPTIMIZERS, sweep_config_from_options
+
+    config = sweep_config_from_options("mnist/fc_64_64_64", None, {"batch_sizes": [8], "trials": 1, "store": "s",
+                                                                   "seed": None})
+    assert config.optimizers == list(DEFAULT_OPTIMIZERS) == ["sgd"] and config.seed == 0
+    with pytest.raises(BatchlabError, match="missing --batch-sizes, --trials"):
+        sweep_config_from_options("mnist/fc_64_64_64", None, {"store": "s"})
+    with pytest.raises(BatchlabError, match="either WORKLOAD or --config"):
+        sweep_config_from_options("mnist/fc_64_64_64", tmp_path / "x.toml", {})
+    with pytest.raises(BatchlabError, match="missing WORKLOAD"):
+        sweep_config_from_options(None, None, {})
+
+
+def test_stop_at_goal_has_one_default():
+    from batchlab.sweep.config import DEFAULT_STOP_AT_GOAL, SweepConfig
+
+    assert DEFAULT_STOP_AT_GOAL is True
+    assert SweepConfig.model_fields["stop_at_goal"].default is DEFAULT_STOP_AT_GOAL
+    import typer.main
+
+    from batchlab.cli import app
+
+    command = typer.main.get_command(app)
+    for name in ("train", "study"):
+        (param,) = [p for p in command.commands[name].params if p.name == "stop_at_goal"]
+        assert param.default is DEFAULT_STOP_AT_GOAL, name
+
+
+@pytest.mark.xfail(strict=True, reason="TrialSpec/run_study defaults are helper C's files (train/); requested in "
+                                       "D's report: set them to True, then remove this marker")
+def test_trial_spec_stops_at_the_goal_by_default_too():
+    import inspect
+
+    from batchlab.sweep.config import DEFAULT_STOP_AT_GOAL
+    from batchlab.train import TrialSpec
+    from batchlab.train.study import run_study
+
+    assert inspect.signature(TrialSpec).parameters["stop_at_goal"].default is DEFAULT_STOP_AT_GOAL
+    assert inspect.signature(run_study).parameters["stop_at_goal"].default is DEFAULT_STOP_AT_GOAL
+
+
+def test_device_key_is_checked():
+    from batchlab.sweep.config import parse_sweep_config
+
+    base = {"workloads": ["mnist/fc_64_64_64"], "optimizers": ["sgd"], "batch_sizes": [8], "trials": 1}
+    assert parse_sweep_config(base).device == "auto"
+    assert parse_sweep_config({**base, "device": "cpu"}).device == "cpu"
+    with pytest.raises(BatchlabError, match="field 'device'.*allowed: auto, cpu, cuda, cuda:N, mps"):
+        parse_sweep_config({**base, "device": "gpu"})

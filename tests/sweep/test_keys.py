@@ -8,7 +8,7 @@ from batchlab.sweep.budget import ran_out_of_steps
 from batchlab.sweep.config import MAX_TRIALS_PER_STUDY, parse_sweep_config
 from batchlab.errors import BatchlabError
 from batchlab.store.studies import study_id
-from batchlab.sweep.keys import allocate_blocks, trial_id, trial_key, trial_seed
+from batchlab.sweep.keys import FIRST_TRIAL_ID, allocate_ids, id_block, trial_id, trial_key, trial_seed
 from batchlab.sweep.plan import make_tasks, plan_studies, stretch_point, stretch_search_space
 
 BASE = {"workloads": ["mnist/fc_64_64_64"], "optimizers": ["sgd"], "batch_sizes": [8, 32], "trials": 2, "steps": 50}
@@ -51,23 +51,36 @@ def test_study_ids_follow_the_settings_that_define_the_measurement():
 
 
 def test_id_blocks_keep_studies_apart_and_resume_by_key():
+    M = MAX_TRIALS_PER_STUDY
     a = [(("w/m/sgd", 8), "a", [(0, "a0"), (1, "a1")])]
     b = [(("w/m/sgd", 8), "b", [(0, "b0"), (1, "b1")])]
-    assert allocate_blocks(a, {}) == [0]
-    assert allocate_blocks(a + b, {}) == [0, 1]
+    # ids start at 1, as in the batch_science release and batchlab train/study
+    assert allocate_ids(a, {}) == [1]
+    assert allocate_ids(a + b, {}) == [1, M + 1]
     # a in the store at block 0: b (another definition) takes the next free block, a keeps its own
-    held = {("w/m/sgd", 8): {0: "a0"}}
-    assert allocate_blocks(b + a, held) == [1, 0]
+    held = {("w/m/sgd", 8): {1: "a0"}}
+    assert allocate_ids(b + a, held) == [M + 1, 1]
     # a block holding any trial (here a `batchlab train` trial, id 1) is not free
-    assert allocate_blocks(b, {("w/m/sgd", 8): {1: "train"}}) == [1]
+    assert allocate_ids(b, {("w/m/sgd", 8): {1: "train"}}) == [M + 1]
     # other (workload, batch size): independent blocks
-    assert allocate_blocks([(("w/m/sgd", 16), "c", [(0, "c0")])], held) == [0]
+    assert allocate_ids([(("w/m/sgd", 16), "c", [(0, "c0")])], held) == [1]
     # a stored study found in block 3 (a resumed sweep whose earlier blocks were taken) stays there
-    assert allocate_blocks(a, {("w/m/sgd", 8): {3 * MAX_TRIALS_PER_STUDY + 1: "a1", 0: "x"}}) == [3]
-    with pytest.raises(BatchlabError, match="trial id 1 of a is held by another trial"):
-        allocate_blocks(a, {("w/m/sgd", 8): {0: "a0", 1: "train"}})
+    assert allocate_ids(a, {("w/m/sgd", 8): {3 * M + 2: "a1", 1: "x"}}) == [3 * M + 1]
+    with pytest.raises(BatchlabError, match="trial id 2 of a is held by another trial"):
+        allocate_ids(a, {("w/m/sgd", 8): {1: "a0", 2: "train"}})
     with pytest.raises(BatchlabError, match="do not follow one id block"):
-        allocate_blocks(a, {("w/m/sgd", 8): {0: "a0", 5: "a1"}})
+        allocate_ids(a, {("w/m/sgd", 8): {1: "a0", 5: "a1"}})
+
+
+def test_studies_written_with_ids_from_0_keep_their_ids_on_resume():
+    # A sweep stored by a batchlab whose sweep ids started at 0: resuming keeps its ids (found by key)
+    M = MAX_TRIALS_PER_STUDY
+    a = [(("w/m/sgd", 8), "a", [(0, "a0"), (1, "a1"), (2, "a2")])]
+    assert allocate_ids(a, {("w/m/sgd", 8): {0: "a0", 1: "a1"}}) == [0]
+    assert allocate_ids(a, {("w/m/sgd", 8): {M: "a0"}}) == [M]
+    # a new definition beside it takes a block none of whose ids (1 + k M ... (k + 1) M) is held
+    b = [(("w/m/sgd", 8), "b", [(0, "b0")])]
+    assert allocate_ids(b + a, {("w/m/sgd", 8): {M: "a0", M + 1: "a1"}}) == [2 * M + 1, M]
 
 
 def test_budget_rule_sizes_each_batch_size():
@@ -102,7 +115,9 @@ def test_grown_rounds_stretch_decay_and_warmup():
 
 
 def test_ids_and_seeds_derive_from_the_point_index():
-    assert trial_id(5) == 5 and trial_id(5, block=2) == 2 * MAX_TRIALS_PER_STUDY + 5
+    assert FIRST_TRIAL_ID == 1
+    assert trial_id(0) == 1 and trial_id(5) == 6 and trial_id(5, block=2) == 2 * MAX_TRIALS_PER_STUDY + 6
+    assert id_block(1) == 0 and id_block(MAX_TRIALS_PER_STUDY) == 0 and id_block(MAX_TRIALS_PER_STUDY + 1) == 1
     with pytest.raises(ValueError):
         trial_id(MAX_TRIALS_PER_STUDY)
     seeds = [trial_seed(0, i) for i in range(100)]
@@ -119,7 +134,7 @@ def test_plan_is_deterministic_and_tasks_follow_point_order():
     assert [t.key for s in studies for t in s.trial_plans()] == [t.key for s in again for t in s.trial_plans()]
     assert studies[0].points == studies[1].points  # the same search-space points at every batch size
     trials = studies[0].trial_plans()
-    assert [t.trial_id for t in trials] == [0, 1, 2, 3, 4]
+    assert [t.trial_id for t in trials] == [1, 2, 3, 4, 5]  # ids from 1, as in the release
     tasks = make_tasks(studies[0], [trials[1], trials[2], trials[4]], vectorized=True, group_size=2)
     assert [[t.point_index for t in task.trials] for task in tasks] == [[1], [2], [4]]
     tasks = make_tasks(studies[0], trials, vectorized=True, group_size=2)
@@ -144,3 +159,12 @@ def test_plan_is_deterministic_and_tasks_follow_point_order():
 )
 def test_budget_grows_only_when_every_trial_ran_out_of_steps(outcomes, grow):
     assert ran_out_of_steps(outcomes) is grow
+
+
+def test_gpu_studies_are_their_own_definitions_and_cpu_ids_are_unchanged():
+    config = parse_sweep_config({**BASE, "device": "cpu"})
+    cpu, = [s for s in plan_studies(config) if s.batch_size == config.batch_sizes[0]][:1]
+    gpu, = [s for s in plan_studies(config, device_type="cuda") if s.batch_size == config.batch_sizes[0]][:1]
+    assert "device" not in cpu.definition and gpu.definition["device"] == "cuda"
+    assert gpu.digest != cpu.digest and gpu.sweep == cpu.sweep  # other trial keys, the same sweep id
+    assert cpu.digest == _study().digest  # the device setting itself does not enter a CPU study's id

@@ -10,7 +10,7 @@ import subprocess
 import psutil
 
 from batchlab.sweep.executors import LocalPoolExecutor
-from batchlab.sweep.runner import Reporter, prepare_sweep, run_sweep
+from batchlab.sweep.runner import Reporter, SweepInterrupted, prepare_sweep, run_sweep
 from sweep_helpers import TINY, child_env, run_sweep_cli, store_contents, sweep_command, tiny_config
 
 
@@ -24,7 +24,7 @@ def test_uninterrupted_sweep_stores_every_trial_once(tiny_baseline):
     path, summary, (trials, measurements) = tiny_baseline
     keys = [t[3] for t in trials]
     assert len(keys) == 6 and len(set(keys)) == 6
-    assert sorted((t[1], t[2]) for t in trials) == [(8, 0), (8, 1), (8, 2), (64, 0), (64, 1), (64, 2)]
+    assert sorted((t[1], t[2]) for t in trials) == [(8, 1), (8, 2), (8, 3), (64, 1), (64, 2), (64, 3)]  # ids from 1
     assert summary.trials_run == 6 and summary.trials_skipped == 0
     assert [r.batch_size for r in summary.results["mnist/fc_64_64_64/momentum"]] == [8, 64]
     assert {m[3] for m in measurements} == set(range(1, 9))  # evaluated after every one of the 8 updates
@@ -185,9 +185,9 @@ def test_grown_rounds_stretch_the_schedule_and_another_grow_factor_is_kept_apart
     summary = run_sweep(prepare_sweep(parse_sweep_config(settings), store), executor_factory=_inline)
     assert [g["to_steps"] for g in summary.grown] == [4]
     trials = {t["trial_id"]: t for t in Store.open(store).table("trials").to_pylist()}
-    assert sorted(trials) == [0, MAX_TRIALS_PER_STUDY]  # round 1 in its own block
+    assert sorted(trials) == [1, MAX_TRIALS_PER_STUDY + 1]  # round 1 in its own block; ids from 1
     decay = {i: json.loads(t["parameters"])["learning_rate_decay_steps"] for i, t in trials.items()}
-    assert decay == {0: 2, MAX_TRIALS_PER_STUDY: 4}  # the decay stretched with the budget
+    assert decay == {1: 2, MAX_TRIALS_PER_STUDY + 1: 4}  # the decay stretched with the budget
     (row,) = summary.results["mnist/fc_64_64_64/sgd"]
     assert row.n_trials == 1 and [r["reported"] for r in summary.studies["mnist/fc_64_64_64/sgd"][8]] == [False, True]
     # each round is a study of its own in the store, named by the id in its trials' keys
@@ -201,16 +201,17 @@ def test_grown_rounds_stretch_the_schedule_and_another_grow_factor_is_kept_apart
     assert [(d["budget_round"], d["train_steps"], d["schedule_stretch"]) for d in definitions] == [(0, 2, 1.0), (1, 4, 2.0)]
     assert definitions[0]["sweep"] == definitions[1]["sweep"] == summary.sweep_id
     assert definitions[1]["search_space"]["learning_rate_decay_steps"]["max_value"] == 4
-    assert keys == {0: studies[0][0], MAX_TRIALS_PER_STUDY: studies[1][0]}
+    assert keys == {1: studies[0][0], MAX_TRIALS_PER_STUDY + 1: studies[1][0]}
     assert all(trials[i]["trial_key"].endswith(f"study={keys[i]}") for i in trials)
 
     prepare_sweep(parse_sweep_config(settings), store)  # the same settings resume
     other = parse_sweep_config({**settings, "grow_factor": 3.0})  # the same round 0, another round 1
     plan = prepare_sweep(other, store)
-    assert plan.blocks[("mnist/fc_64_64_64/sgd", 8, 0)] == 0 and plan.blocks[("mnist/fc_64_64_64/sgd", 8, 1)] == 2
+    assert plan.first_ids[("mnist/fc_64_64_64/sgd", 8, 0)] == 1
+    assert plan.first_ids[("mnist/fc_64_64_64/sgd", 8, 1)] == 2 * MAX_TRIALS_PER_STUDY + 1
     summary = run_sweep(plan, executor_factory=_inline)
     assert summary.trials_run == 1 and summary.trials_skipped == 1 and summary.grown[0]["to_steps"] == 6
-    assert 2 * MAX_TRIALS_PER_STUDY in {t["trial_id"] for t in Store.open(store).table("trials").to_pylist()}
+    assert 2 * MAX_TRIALS_PER_STUDY + 1 in {t["trial_id"] for t in Store.open(store).table("trials").to_pylist()}
 
 
 def test_sweep_table_ignores_foreign_trials(tmp_path):
@@ -234,7 +235,7 @@ def test_sweep_table_ignores_foreign_trials(tmp_path):
     assert row.n_trials == 2 and row.steps is None  # the foreign trial (steps 3) is not in the table
     assert getattr(row, "censored_at", 3) == 3
     ids = sorted(t["trial_id"] for t in Store.open(store_path).table("trials").to_pylist())
-    assert ids == [1, MAX_TRIALS_PER_STUDY, MAX_TRIALS_PER_STUDY + 1]
+    assert ids == [1, MAX_TRIALS_PER_STUDY + 1, MAX_TRIALS_PER_STUDY + 2]
     # the foreign trial is still in the store, where an analysis of the whole store sees it
     from batchlab.analysis.steps_to_result import steps_to_result
 
@@ -270,14 +271,16 @@ def test_interrupted_sweep_beside_foreign_trials_resumes_into_the_same_id_blocks
     def foreign_store(name):
         path = tmp_path / name
         publish_trials(Store.open(path, create=True), [TrialRecord(
-            workload="mnist/fc_64_64_64/momentum", batch_size=8, trial_id=0, trial_key="train-0",
+            workload="mnist/fc_64_64_64/momentum", batch_size=8, trial_id=1, trial_key="train-0",
             parameters={"learning_rate": 0.1}, status="COMPLETE", steps=5, source="batchlab train",
             measurements=[(5, "val/classification_error", 0.5)])])
         return path
 
     path = foreign_store("resumed")
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(SweepInterrupted) as interrupted:
         run_sweep(prepare_sweep(tiny_config(), str(path)), _StopAfter(2), executor_factory=_inline)
+    assert (interrupted.value.saved, interrupted.value.run, interrupted.value.total) == (2, 2, 6)
+    assert isinstance(interrupted.value, KeyboardInterrupt)
     summary = run_sweep(prepare_sweep(tiny_config(), str(path)), executor_factory=_inline)
     assert summary.trials_skipped == 2 and summary.trials_run == 4
     trials, measurements = store_contents(path)
@@ -285,11 +288,11 @@ def test_interrupted_sweep_beside_foreign_trials_resumes_into_the_same_id_blocks
     assert len(trials) == 7 and len({t[3] for t in trials}) == 7
     # block 0 at b=8 holds the foreign trial, so the sweep's b=8 study took block 1; b=64 kept block 0
     assert sorted((t[1], t[2]) for t in ours) == sorted(
-        [(8, MAX_TRIALS_PER_STUDY + i) for i in range(3)] + [(64, i) for i in range(3)])
+        [(8, MAX_TRIALS_PER_STUDY + 1 + i) for i in range(3)] + [(64, 1 + i) for i in range(3)])
     # the same trials (keys, seeds, points, statuses) and measurements as the uninterrupted sweep
     strip = lambda rows: sorted(tuple(r[:2]) + tuple(r[3:]) for r in rows)  # noqa: E731
     assert strip(ours) == strip(base_trials)
-    assert sorted(m[:2] + m[3:] for m in measurements if not (m[1] == 8 and m[2] == 0)) == sorted(
+    assert sorted(m[:2] + m[3:] for m in measurements if not (m[1] == 8 and m[2] == 1)) == sorted(
         m[:2] + m[3:] for m in base_measurements)
     (row8, row64) = summary.results["mnist/fc_64_64_64/momentum"]
     assert row8.n_trials == 3 and row64.n_trials == 3

@@ -108,3 +108,19 @@ def test_default_schedule_goal_steps_match_sequential(monkeypatch, refine):
     different = _specs("momentum")
     different[1].resolution = 0.1
     assert vectorization_obstacle(different) == "trials differ in resolution"
+
+
+def test_vectorized_updates_come_from_the_optimizer_registry():
+    import batchlab.sweep.vectorized as vectorized
+    from batchlab.optim import get_optimizer, vectorized_optimizer_names
+
+    names = vectorized_optimizer_names()
+    assert vectorized.VECTORIZED_OPTIMIZERS == tuple(names)  # derived, never a list of its own
+    assert {"sgd", "momentum", "nesterov", "adam"} <= set(names)
+    assert all(get_optimizer(name).vectorized is not None for name in names)
+    assert not hasattr(vectorized, "_update")
+    lamb = [TrialSpec(workload="mnist/fc_64_64_64", optimizer="lamb", batch_size=16, hyperparameters={})]
+    assert vectorization_obstacle(lamb).startswith("optimizer 'lamb' is not vectorized (vectorized: ")
+    devices = _specs("sgd")
+    devices[1].device = "cpu"
+    assert vectorization_obstacle(devices) == "trials differ in device"

@@ -73,13 +73,16 @@ def test_cutting_splits_first_gives_the_workloads_own_measurements():
     workload = get_workload("mnist/fc_64_64_64")
     data = workload.load_data(train_examples=3000, seed=0)
     model = workload.build_model(seed=1)
-    splits = {"train": (data.train_x, data.train_y), "val": (data.val_x, data.val_y)}
+    splits = {"train": data.train, "val": data.val}
     cut = subset_splits(splits, {"train": 2000, "val": 5000})
-    assert len(cut["train"][0]) == 2000 and cut["val"][0] is data.val_x
+    assert len(cut["train"]) == 2000 and cut["val"] is data.val
     assert measure(workload, model, cut) == measure(workload, model, splits)
     smaller = subset_splits(splits, {"train": 250, "val": 1000})
-    assert len(smaller["train"][0]) == 250 and len(smaller["val"][0]) == 1000
+    assert len(smaller["train"]) == 250 and len(smaller["val"]) == 1000
     # a smaller subset is part of every larger one (one seed-0 permutation)
-    rows = {tuple(r.tolist()) for r in cut["train"][0].flatten(1)[:, ::7]}
-    assert all(tuple(r.tolist()) in rows for r in smaller["train"][0].flatten(1)[:, ::7])
-    assert torch.equal(subset_splits(splits, {})["val"][0], data.val_x)
+    rows = {tuple(r.tolist()) for r in cut["train"].x.flatten(1)[:, ::7]}
+    assert all(tuple(r.tolist()) in rows for r in smaller["train"].x.flatten(1)[:, ::7])
+    assert subset_splits(splits, {})["val"] is data.val
+    # (x, y) pairs are accepted too, and cut to the same examples
+    pairs = subset_splits({"train": (data.train_x, data.train_y)}, {"train": 250})
+    assert torch.equal(pairs["train"].x, smaller["train"].x) and torch.equal(pairs["train"].y, smaller["train"].y)

@@ -58,3 +58,31 @@ def test_bad_input_is_a_one_line_error(args, fragment):
     with pytest.raises(BatchlabError, match=fragment) as err:
         batch_indices(*args)
     assert "\n" not in str(err.value)
+
+
+def test_batch_sampler_gives_batch_indices_in_any_order():
+    from batchlab.train.sampling import BatchSampler
+
+    sampler = BatchSampler(103, 10, seed=4)
+    steps = list(range(35)) + [3, 0, 21, 1000, 20]  # across epochs, backwards (a replay), far ahead
+    for step in steps:
+        assert torch.equal(sampler.indices(step), batch_indices(103, 10, seed=4, step=step)), step
+    assert sampler.per_epoch == 10 and sampler.indices(0).dtype == torch.int64
+    view = sampler.indices(7)
+    view[:] = 0  # the sampler's own copy of the epoch; the shared cache is untouched
+    assert not torch.equal(batch_indices(103, 10, seed=4, step=7), view)
+    assert torch.equal(BatchSampler(103, 10, seed=4).indices(7), batch_indices(103, 10, seed=4, step=7))
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [((10, 11, 0), "batch size 11 is out of range"), ((10, 2, -1), "seed must be >= 0"), ((0, 1, 0), "training set is empty")],
+)
+def test_batch_sampler_bad_input_is_a_one_line_error(args, fragment):
+    from batchlab.train.sampling import BatchSampler
+
+    with pytest.raises(BatchlabError, match=fragment) as err:
+        BatchSampler(*args)
+    assert "\n" not in str(err.value)
+    with pytest.raises(BatchlabError, match="step must be >= 0"):
+        BatchSampler(10, 2, 0).indices(-1)

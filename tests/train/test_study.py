@@ -92,3 +92,37 @@ def test_a_study_is_one_definition_and_stopped_trials_say_so(tmp_path, easy_work
     assert definition["source"] == "batchlab study" and definition["seed"] == 0
     assert definition["stop_rule"] == {"metric": "val/classification_error", "goal": 0.75, "maximize": False}
     assert definition["evaluation"] == {"rule": "geometric", "resolution": 0.1, "refine": "replay"}
+
+
+def test_study_specs_carry_the_device_and_gpu_studies_get_their_own_id(monkeypatch):
+    from batchlab.store.studies import study_id
+    from batchlab.train import device as devices
+    from batchlab.train.study import study_trial_specs
+
+    args = ("mnist/fc_64_64_64", "sgd", 16, 2, 1, 20)
+    cpu = study_trial_specs(*args, device="cpu")
+    assert [s.device for s in cpu] == ["cpu", "cpu"] and "device" not in cpu[0].study_definition
+    monkeypatch.setattr(devices, "device_type", lambda name="auto": "cuda")  # as on a GPU machine
+    gpu = study_trial_specs(*args, device="auto")
+    assert [s.device for s in gpu] == ["auto", "auto"] and gpu[0].study_definition["device"] == "cuda"
+    assert study_id(gpu[0].study_definition) != study_id(cpu[0].study_definition)
+    assert {k: v for k, v in gpu[0].study_definition.items() if k != "device"} == cpu[0].study_definition
+
+
+def test_a_study_of_a_user_workload_object(tmp_path):
+    import torch
+    from torch import nn
+
+    from batchlab.workloads import Workload, regression
+
+    def data():
+        x = torch.randn(200, 3, generator=torch.Generator().manual_seed(0))
+        return {"train": (x[:150], x[:150].sum(1)), "val": (x[150:], x[150:].sum(1))}
+
+    workload = Workload(name="toy/line", make_model=lambda: nn.Linear(3, 1), data=data, task=regression(), goal=0.1,
+                        default_steps=10)
+    store = Store.open(tmp_path / "s", create=True)
+    result = run_study(workload, "sgd", 16, 2, store, steps=10)
+    assert result.workload == "toy/line/sgd" and [t.trial_id for t in result.trials] == [1, 2]
+    assert all(t.status in ("COMPLETE", "INFEASIBLE") and t.device == "cpu" for t in result.trials)
+    assert store.table("trials").num_rows == 2

@@ -79,3 +79,130 @@ def test_describe_is_json():
     assert json.loads(json.dumps(d)) == d
     assert d["name"] == FC and d["num_parameters"] == 784 * 64 + 64 + 2 * (64 * 64 + 64) + 64 * 10 + 10
     assert d["splits"] == {"train": 55000, "val": 5000, "test": 10000}
+
+
+# --- user workloads: the public constructor -------------------------------------------------------
+
+from batchlab.workloads import Workload, classification, regression  # noqa: E402
+from batchlab.workloads.metrics import evaluate_classifier  # noqa: E402
+
+
+def _regression_data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(60, 4, generator=g)
+    return {"train": (x[:50], x[:50] @ torch.ones(4)), "val": (x[50:], x[50:] @ torch.ones(4))}
+
+
+def _linear():
+    return torch.nn.Sequential(torch.nn.Linear(4, 1), torch.nn.Flatten(0))
+
+
+def test_a_user_workload_needs_only_name_model_data_task_and_goal():
+    w = Workload(name="toy/linear", make_model=_linear, data=_regression_data, task=regression(), goal=0.1)
+    assert (w.metric, w.maximize, w.goal_split) == ("val/mse", False, "val")
+    assert dict(w.split_sizes) == {"train": 50, "val": 10}  # counted from the data
+    data = w.load_data(train_examples=20, seed=3)
+    assert data.num_train == 20 and data.test is None
+    model = w.build_model(0)
+    out = w.evaluate(model, data.val, split="val")
+    assert set(out) == {"val/mse", "val/mae"} and out == w.evaluate(model, (data.val_x, data.val_y))
+    loss = w.loss(model(data.train_x), data.train_y)
+    assert loss.ndim == 0 and loss.item() == pytest.approx(out["val/mse"], rel=2.0)
+    d = w.describe()
+    assert json.loads(json.dumps(d)) == d
+    assert (d["task"], d["splits"], d["input_shape"], d["input_dtype"], d["num_parameters"], d["reference"]) == (
+        "regression", {"train": 50, "val": 10}, [4], "float32", 5, None)
+
+
+class _Images(torch.utils.data.Dataset):
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.x[i], int(self.y[i])
+
+
+def test_dataset_data_gives_the_same_measurements_as_tensors():
+    base = get_workload(FC)
+    tensors = base.load_data(train_examples=600, seed=1)
+    as_dataset = Workload(name="mnist/fc_dataset", make_model=base.make_model, goal=0.03,
+                          data=lambda: (_Images(tensors.train_x, tensors.train_y), _Images(tensors.val_x[:700], tensors.val_y[:700])),
+                          eval_examples={"train": 250, "val": None, "test": None}, eval_batch_size=128)
+    data = as_dataset.load_data(train_examples=300, seed=2)
+    assert torch.equal(data.train.batch(torch.arange(300))[0], tensors.train_x[torch.randperm(600, generator=torch.Generator().manual_seed(2))[:300].sort().values])
+    model = base.build_model(0)
+    for split, (x, y) in {"train": (data.train.batch(torch.arange(300))), "val": (tensors.val_x[:700], tensors.val_y[:700])}.items():
+        expected = evaluate_classifier(model, x, y, split=split, batch_size=128, max_examples=as_dataset.eval_examples[split])
+        assert as_dataset.evaluate(model, data.split(split), split=split) == expected
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"name": "toy"}, "workload name must be 'dataset/model'"),
+        ({"name": "a/b/c"}, "workload name must be 'dataset/model'"),
+        ({"name": "pkg:a/b"}, "workload name must be 'dataset/model'"),
+        ({"goal": float("nan")}, "workload toy/x: goal must be a finite number, got nan"),
+        ({"goal": "0.1"}, "goal must be a finite number"),
+        ({"data": None}, "give its data as data="),
+        ({"metric": "val/accuracy"}, "metric 'val/accuracy' is not one of task 'classification''s metrics; allowed: val/cross_entropy_error, val/classification_error"),
+        ({"metric": "dev/classification_error"}, "metric must be '<split>/<name>'"),
+        ({"default_steps": 0}, "default_steps must be an integer >= 1, got 0"),
+        ({"default_batch_size": 2.5}, "default_batch_size must be an integer"),
+        ({"task": "regression"}, "task must be a batchlab.workloads.Task"),
+        ({"make_model": 3}, "make_model must be a function"),
+    ],
+)
+def test_bad_workload_declarations_are_one_line_errors(changes, message):
+    fields = {"name": "toy/x", "make_model": _linear, "data": _regression_data, "goal": 0.1, **changes}
+    with pytest.raises(BatchlabError, match=re_escape(message)):
+        Workload(**fields)
+
+
+def re_escape(text):
+    import re
+
+    return re.escape(text)
+
+
+def test_regression_workload_refuses_label_smoothing_and_a_model_that_is_not_a_module():
+    w = Workload(name="toy/linear", make_model=_linear, data=_regression_data, task=regression(), goal=0.1)
+    with pytest.raises(BatchlabError, match="label_smoothing applies to classification tasks only"):
+        w.loss(torch.zeros(3), torch.zeros(3), label_smoothing=0.1)
+    with pytest.raises(BatchlabError, match="make_model returned int, not a torch.nn.Module"):
+        Workload(name="toy/bad", make_model=lambda: 3, data=_regression_data, goal=0.1).build_model(0)
+
+
+def test_a_data_function_that_fails_is_one_line_naming_the_workload():
+    def broken():
+        raise OSError("disk\nfull")
+
+    w = Workload(name="toy/broken", make_model=_linear, data=broken, task=classification(), goal=0.1)
+    with pytest.raises(BatchlabError, match="^workload toy/broken: its data function raised OSError: disk full$"):
+        w.load_data()
+
+
+def test_builtin_loss_and_evaluation_are_the_classification_functions_bitwise():
+    from batchlab.workloads.metrics import cross_entropy_loss
+
+    for name in (FC, "shakespeare/lstm_char"):
+        w = get_workload(name)
+        data = w.load_data(train_examples=2500, seed=0)
+        model = w.build_model(1)
+        x, y = data.train.batch(torch.arange(16))
+        assert torch.equal(w.loss(model(x), y, label_smoothing=0.1), cross_entropy_loss(model(x), y, 0.1))
+        for split in ("train", "val"):
+            split_data = data.split(split)
+            expected = evaluate_classifier(model, split_data.x, split_data.y, split=split, batch_size=w.eval_batch_size,
+                                           max_examples=w.eval_examples.get(split))
+            assert w.evaluate(model, split_data.x, split_data.y, split=split) == expected
+            assert w.evaluate(model, split_data, split=split) == expected
+
+
+def test_data_may_be_given_directly_instead_of_a_function():
+    splits = _regression_data()
+    w = Workload(name="toy/direct", make_model=_linear, data=(splits["train"], splits["val"]), task=regression(), goal=0.1)
+    assert w.load_data().num_train == 50 and torch.equal(w.load_data().val_x, splits["val"][0])

@@ -3,9 +3,12 @@
 Modules (import what you need; this package imports nothing heavy on its own):
 
 * ``curve``: :class:`StepsCurve`, the steps-to-result curve shared by the NQM and measured data.
-* ``critical_batch_size``: the S(B) = S_min + E_min / B fit, named critical batch sizes, regimes.
-* ``tables``: the four store views (workloads, studies, trials, measurements); ``connect_tables``
-  builds them from pandas/Arrow tables.
+* ``critical_batch_size``: the S(B) = S_min + E_min / B fit, its summary, regimes, intervals.
+* ``definitions``: the one registry of named critical batch sizes (``REGISTRY``, ``definition_names``,
+  ``get_definition``); every summary, table and interval iterates it.
+* ``regimes``: Shallue et al.'s regimes read from the measured points.
+* ``tables``: the four store views (workloads, studies, trials, measurements; their names are
+  :mod:`batchlab.store.schema`'s); ``connect_tables`` builds them from pandas/Arrow tables.
 * ``selection``: :class:`Selection` (workload, metric, goal, maximize, statuses, studies,
   mix_studies, max_trials, budgets) and the study rules (one study definition per batch size,
   stop-at-goal compatibility, the paper's trial counts).

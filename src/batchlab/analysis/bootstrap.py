@@ -38,7 +38,6 @@ from batchlab.analysis.critical_batch_size import (
     DIMINISHING_RETURNS,
     MAXIMAL_DATA_PARALLELISM,
     PERFECT_SCALING,
-    REGISTRY,
     ScalingFit,
     fit_steps_curve,
     observation_arrays,
@@ -47,6 +46,7 @@ from batchlab.analysis.critical_batch_size import (
     regime,
 )
 from batchlab.analysis.curve import StepsCurve, curve_from_arrays
+from batchlab.analysis.definitions import REGISTRY
 from batchlab.analysis.selection import Selection
 from batchlab.analysis.steps_to_result import steps_to_result_many, trial_first_steps, trial_steps_by_batch_size
 from batchlab.errors import BatchlabError
@@ -201,7 +201,7 @@ def bootstrap_critical_batch_size(
     data = read_regimes(curve, tolerance, b0=point_fit.b0)  # the same B0 as the fit and overhead_20pct
     estimates: dict[str, float | None] = {"s_min": point_fit.s_min, "e_min": point_fit.e_min}
     for d in REGISTRY:
-        estimates[d.name] = d.function(point_fit, tolerance, point_fit.b0, data)
+        estimates[d.name] = d.value(point_fit, tolerance, point_fit.b0, data)
 
     b, y, v, kind = observation_arrays(curve)
     prof = profile_intervals(b, y[None], v[None], kind[None], level=level, sigma_floor=point_fit.sigma_floor)
@@ -218,12 +218,6 @@ def bootstrap_critical_batch_size(
     }.items():
         intervals[name] = (None, None) if no_interval else (low, high)
         notes[name] = dict(fit_note, note="range of the profiled value over the B_crit interval")
-    transforms = {
-        "mccandlish_b_crit": lambda x: x,
-        "overhead_20pct": lambda x: 0.2 * x + 1.2 * point_fit.b0,
-        "fit_perfect_scaling_end": lambda x: tolerance * x,
-        "fit_maximal_parallelism_start": lambda x: x / tolerance if x > 0 else 0.0,
-    }
     for d in REGISTRY:
         if d.source == "data":
             intervals[d.name] = (None, None)
@@ -234,8 +228,9 @@ def bootstrap_critical_batch_size(
             intervals[d.name] = (None, None)
             notes[d.name] = dict(fit_note, note="no interval: the fit has no residual degrees of freedom (two points)")
             continue
-        f = transforms[d.name]
-        intervals[d.name] = (f(b_low), f(b_high))
+        # a fit-derived value does not decrease with B_crit: its interval is B_crit's, mapped
+        intervals[d.name] = (d.from_b_crit(b_low, tolerance, point_fit.b0),
+                             d.from_b_crit(b_high, tolerance, point_fit.b0))
         notes[d.name] = dict(fit_note, note=None if np.isfinite(b_high) else "unbounded above: no plateau is required by the data")
     # regime shares from trial-resampled curves (descriptive)
     rng = np.random.default_rng(seed)
@@ -293,7 +288,7 @@ def bootstrap_critical_batch_size(
             }
         )
     warnings = list(point_fit.warnings)
-    for key in ("perfect_scaling_end", "maximal_parallelism_start"):
+    for key in (d.name for d in REGISTRY if d.source == "data"):
         if data[key]["value"] is None:
             warnings.append(f"{key}: {data[key]['reason']}")
     if n_failed > 0.1 * n_boot:

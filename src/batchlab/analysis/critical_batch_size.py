@@ -21,18 +21,19 @@ The fit
   perfect scaling), then refines by golden section. It is vectorised over many curves at once
   (:func:`fit_many`), which the interval code uses.
 
-Named critical batch sizes (:data:`REGISTRY`): each entry has a name, a one-line definition and the
-function computing it; every table and interval iterates the registry.
+Named critical batch sizes: :data:`batchlab.analysis.definitions.REGISTRY` (re-exported here as
+:data:`REGISTRY`): each entry has a name, a one-line definition, a table label and how it is computed;
+every summary, table and interval iterates the registry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from batchlab.analysis.curve import StepsCurve
+from batchlab.analysis.definitions import REGISTRY  # the registry (also importable from here)
 from batchlab.analysis.regimes import (  # re-exported: the regimes read from the data
     DIMINISHING_RETURNS,
     MAXIMAL_DATA_PARALLELISM,
@@ -372,68 +373,7 @@ def fit_steps(
 
 
 # --------------------------------------------------------------------------------------------------
-# Named critical batch sizes: one registry
-
-
-@dataclass(frozen=True)
-class NamedDefinition:
-    """One named critical batch size: its name, one-line definition, source and function.
-
-    ``function(fit, tolerance, b0, regimes)`` returns the value (``None`` where undefined);
-    ``regimes`` is :func:`read_regimes`'s output (``None`` when no curve is available).
-    """
-
-    name: str
-    definition: str
-    source: str  # "fit" or "data"
-    function: Callable
-
-
-def _data_value(key):
-    return lambda fit, tolerance, b0, regimes: None if regimes is None else regimes[key]["value"]
-
-
-REGISTRY: tuple[NamedDefinition, ...] = (
-    NamedDefinition(
-        "mccandlish_b_crit",
-        "E_min / S_min of the fit S(B) = S_min + E_min / B (McCandlish et al. 2018): twice the minimum steps and examples",
-        "fit",
-        lambda fit, tolerance, b0, regimes: fit.b_crit,
-    ),
-    NamedDefinition(
-        "overhead_20pct",
-        "batch size where steps exceed perfect scaling from B0 by 20% (Zhang et al. 2024), from the fit: "
-        "0.2 B_crit + 1.2 B0",
-        "fit",
-        lambda fit, tolerance, b0, regimes: 0.2 * fit.b_crit + 1.2 * b0,
-    ),
-    NamedDefinition(
-        "perfect_scaling_end",
-        "read from the data: the largest measured B with S(B) B within (1 + tol) of S(B0) B0 (Shallue regime 1 ends)",
-        "data",
-        _data_value("perfect_scaling_end"),
-    ),
-    NamedDefinition(
-        "maximal_parallelism_start",
-        "read from the data: the smallest measured B from which every larger measured S is within (1 + tol) of the "
-        "minimum measured S (Shallue regime 3 starts)",
-        "data",
-        _data_value("maximal_parallelism_start"),
-    ),
-    NamedDefinition(
-        "fit_perfect_scaling_end",
-        "from the fit: tol * B_crit, where examples to result exceed E_min by tol (a model quantity)",
-        "fit",
-        lambda fit, tolerance, b0, regimes: tolerance * fit.b_crit,
-    ),
-    NamedDefinition(
-        "fit_maximal_parallelism_start",
-        "from the fit: B_crit / tol, where steps to result come within tol of S_min (a model quantity)",
-        "fit",
-        lambda fit, tolerance, b0, regimes: fit.b_crit / tolerance if fit.b_crit > 0 else 0.0,
-    ),
-)
-DEFINITIONS = {d.name: d.definition for d in REGISTRY}
+# Named critical batch sizes: the registry is batchlab.analysis.definitions (REGISTRY, re-exported)
 
 
 def overhead_batch_size(fit: ScalingFit, overhead: float = 0.2, b0: float | None = None) -> float:
@@ -446,23 +386,6 @@ def overhead_batch_size(fit: ScalingFit, overhead: float = 0.2, b0: float | None
         raise BatchlabError(f"overhead must be > 0, got {overhead}")
     b0 = (fit.b0 or fit.smallest_batch_size) if b0 is None else float(b0)
     return overhead * fit.b_crit + (1.0 + overhead) * b0
-
-
-def critical_batch_sizes(
-    fit: ScalingFit, tolerance: float = 0.1, curve: StepsCurve | None = None, b0: float | None = None
-) -> dict[str, float | None]:
-    """Every named critical batch size of :data:`REGISTRY`, keyed by name.
-
-    Without ``curve`` only the fit-derived names are returned (the data-read ones need the points).
-    """
-    check_tolerance(tolerance)
-    b0 = (fit.b0 or fit.smallest_batch_size) if b0 is None else float(b0)
-    regimes = None if curve is None else read_regimes(curve, tolerance, b0=b0)
-    return {
-        d.name: d.function(fit, tolerance, b0, regimes)
-        for d in REGISTRY
-        if d.source == "fit" or regimes is not None
-    }
 
 
 def regime(fit: ScalingFit, batch_size: float, tolerance: float = 0.1) -> str:
@@ -495,7 +418,7 @@ def summarize_curve(curve: StepsCurve, tolerance: float = 0.1, b0: float | None 
     regimes = read_regimes(curve, tolerance, b0=fit.b0)
     named = {}
     for d in REGISTRY:
-        entry = {"value": _finite_or_none(d.function(fit, tolerance, fit.b0, regimes)), "definition": d.definition,
+        entry = {"value": _finite_or_none(d.value(fit, tolerance, fit.b0, regimes)), "definition": d.definition,
                  "source": d.source}
         if d.source == "data":
             detail = regimes[d.name]
@@ -516,7 +439,7 @@ def summarize_curve(curve: StepsCurve, tolerance: float = 0.1, b0: float | None 
             }
         )
     warnings = list(fit.warnings)
-    for key in ("perfect_scaling_end", "maximal_parallelism_start"):
+    for key in (d.name for d in REGISTRY if d.source == "data"):
         if regimes[key]["value"] is None:
             warnings.append(f"{key}: {regimes[key]['reason']}")
     return {

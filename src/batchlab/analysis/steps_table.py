@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from batchlab.analysis.critical_batch_size import REGISTRY, summarize_curve
+from batchlab.analysis.critical_batch_size import summarize_curve
+from batchlab.analysis.definitions import REGISTRY
 from batchlab.analysis.curve import StepsCurve
 from batchlab.analysis.regimes import check_tolerance
 from batchlab.errors import BatchlabError
@@ -143,9 +144,9 @@ def fit_steps_table(path: str | Path, group_by: str | None = None, tolerance: fl
     """Fit every group of the steps table at ``path``; one JSON-ready dict per group.
 
     Keys: ``group`` (``None`` without ``group_by``), ``s_min`` (fit), ``s_min_measured``, ``e_min``,
-    ``mccandlish_b_crit``, ``overhead_20pct``, ``perfect_scaling_end``, ``maximal_parallelism_start``
-    (read from the data; ``None`` with a reason in ``reasons``), ``fit_perfect_scaling_end``,
-    ``fit_maximal_parallelism_start``, ``residual`` (rms log residual), ``chi2``, ``dof``, ``p_value``,
+    one key per named critical batch size of :data:`batchlab.analysis.definitions.REGISTRY`
+    (``mccandlish_b_crit``, ``overhead_20pct``, ...; the data-read ones are ``None`` with a reason in
+    ``reasons``), ``residual`` (rms log residual), ``chi2``, ``dof``, ``p_value``,
     ``b0``, ``batch_size_range``, ``points_used``, ``censored_batch_sizes``, ``extrapolated``,
     ``warnings``, ``reasons``, ``tolerance``; ``error`` (``None``, or why the group could not be fitted,
     e.g. fewer than two reached batch sizes, with the other values ``None``).
@@ -182,7 +183,7 @@ def fit_steps_table(path: str | Path, group_by: str | None = None, tolerance: fl
                 "censored_batch_sizes": summary["censored_batch_sizes"],
                 "extrapolated": summary["extrapolated"],
                 "warnings": summary["warnings"],
-                "reasons": {name: named[name].get("reason") for name in ("perfect_scaling_end", "maximal_parallelism_start")},
+                "reasons": {d.name: named[d.name].get("reason") for d in REGISTRY if d.source == "data"},
                 "regimes": [{"batch_size": r["batch_size"], "steps": r["steps"], "regime": r["regime"]}
                             for r in summary["regimes"]],
             }

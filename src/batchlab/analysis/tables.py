@@ -1,7 +1,7 @@
 """The four store views the analysis reads, and a way to build them from in-memory tables.
 
 The analysis is written against the DuckDB views a :class:`batchlab.store.Store` connection provides
-(docs/internals.md)::
+(docs/internals.md; the names are :mod:`batchlab.store.schema`'s)::
 
     workloads(workload, dataset, model, optimizer, tags)
     studies(workload, batch_size, study_id, search_space, train_steps, early_stopping, definition)
@@ -21,28 +21,25 @@ from __future__ import annotations
 import duckdb
 
 from batchlab.errors import BatchlabError
+from batchlab.store.schema import DEFAULT_ANALYSIS_STATUSES, LEGACY_MISSING_COLUMNS, STATUSES, TABLES, VIEW_COLUMNS
 
-VIEW_COLUMNS: dict[str, tuple[str, ...]] = {
-    "workloads": ("workload", "dataset", "model", "optimizer", "tags"),
-    "studies": ("workload", "batch_size", "study_id", "search_space", "train_steps", "early_stopping", "definition"),
-    "trials": (
-        "workload", "batch_size", "trial_id", "trial_key", "study_id", "parameters", "status", "steps", "seed", "source",
-    ),
-    "measurements": ("workload", "batch_size", "trial_id", "step", "metric", "value"),
-}
+__all__ = [
+    "DEFAULT_STATUSES", "OPTIONAL_COLUMNS", "TRIAL_STATUSES", "VIEW_COLUMNS", "connect_tables", "view_columns",
+    "with_study_id",
+]
 
-# Columns a table given to :func:`connect_tables` may lack (they read as NULL): tables written
-# before stores kept study definitions have none.
-OPTIONAL_COLUMNS: dict[str, tuple[str, ...]] = {
-    "studies": ("study_id", "definition"),
-    "trials": ("study_id",),
-}
+# The names here are the store schema's own (batchlab.store.schema), never copies: the analysis
+# reads exactly the views a store connection has (VIEW_COLUMNS: the columns of each view).
 
-TRIAL_STATUSES = ("COMPLETE", "INCOMPLETE", "INFEASIBLE", "STOPPED_AT_GOAL")
-
-# The statuses analysed by default: trials that ran their step budget, and trials stopped early
-# because an evaluation met their study's stop rule (their steps are the updates actually run).
-DEFAULT_STATUSES = ("COMPLETE", "STOPPED_AT_GOAL")
+#: Columns a table given to :func:`connect_tables` may lack (they read as NULL): tables written
+#: before stores kept study definitions have none (``batchlab.store.schema.LEGACY_MISSING_COLUMNS``).
+OPTIONAL_COLUMNS = LEGACY_MISSING_COLUMNS
+#: Every trial status (``batchlab.store.schema.STATUSES``).
+TRIAL_STATUSES = STATUSES
+#: The statuses analysed by default: trials that ran their step budget, and trials stopped early
+#: because an evaluation met their study's stop rule (their steps are the updates actually run);
+#: ``batchlab.store.schema.DEFAULT_ANALYSIS_STATUSES``.
+DEFAULT_STATUSES = DEFAULT_ANALYSIS_STATUSES
 
 
 def connect_tables(*, workloads, studies, trials, measurements) -> duckdb.DuckDBPyConnection:
@@ -56,7 +53,9 @@ def connect_tables(*, workloads, studies, trials, measurements) -> duckdb.DuckDB
         BatchlabError: a table lacks one of its view's columns.
     """
     con = duckdb.connect(":memory:")
-    for name, table in (("workloads", workloads), ("studies", studies), ("trials", trials), ("measurements", measurements)):
+    given = {"workloads": workloads, "studies": studies, "trials": trials, "measurements": measurements}
+    for name in TABLES:
+        table = given[name]
         columns = list(table.column_names) if hasattr(table, "column_names") else list(table.columns)
         optional = OPTIONAL_COLUMNS.get(name, ())
         missing = [c for c in VIEW_COLUMNS[name] if c not in columns and c not in optional]

@@ -5,7 +5,9 @@ commands through ``register(app)`` and keeps heavy imports (torch, duckdb, matpl
 command functions so that ``batchlab --help`` stays fast. Commands parse, call the library and print.
 
 User errors (:class:`batchlab.errors.BatchlabError` and click usage errors) are printed as one line,
-``error: ...``, with exit status 2.
+``error: ...``, with exit status 2. Ctrl-C is one line, ``interrupted ...``, with exit status 130
+(``batchlab sweep`` says how many trials are saved). Shared options are declared once in
+:mod:`batchlab.cli.options`; everything printed goes through :mod:`batchlab.cli.output`.
 """
 
 from __future__ import annotations
@@ -66,18 +68,24 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app, turning user errors into one line and exit status 2."""
     command = typer.main.get_command(app)
     try:
-        command.main(args=argv, prog_name="batchlab", standalone_mode=False)
+        code = command.main(args=argv, prog_name="batchlab", standalone_mode=False)
     except _UsageError as exc:
         if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx is not None:
             print(exc.ctx.get_help(), file=sys.stderr)
             raise SystemExit(2) from None
         where = f" (command: {exc.ctx.command_path})" if exc.ctx is not None else ""
         fail(f"{exc.format_message()}{where}".replace("\n", " "))
-    except typer.Abort:
-        fail("aborted")
+    except (typer.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
     except typer.Exit as exc:
         raise SystemExit(exc.exit_code) from None
     except BatchlabError as exc:
         fail(str(exc).replace("\n", " "))
     except BrokenPipeError:
         raise SystemExit(0) from None
+    # Without standalone mode typer returns the status of typer.Exit, and turns Ctrl-C into status 130.
+    if code == 130:
+        print("interrupted", file=sys.stderr)
+    if isinstance(code, int) and not isinstance(code, bool) and code:
+        raise SystemExit(code)

@@ -21,24 +21,12 @@ from pathlib import Path
 
 import typer
 
-from batchlab.cli.analyze import (
-    EXAMPLE_BUDGET,
-    GOAL,
-    MAX_TRIALS_RULE,
-    MAXIMIZE,
-    METRIC,
-    MIX_STUDIES,
-    STATUS,
-    STEP_BUDGET,
-    STORE,
-    STUDY,
-    WORKLOAD,
-    connect_store,
-    make_selection,
-    parse_max_trials,
-    parse_studies,
-    trials_caption,
-)
+from typing import Annotated, Optional
+
+from batchlab.cli import options as opt
+from batchlab.cli.analyze import trials_caption
+from batchlab.cli.options import connect_store, make_selection, parse_max_trials, parse_studies
+from batchlab.cli.output import line, note
 from batchlab.errors import BatchlabError
 
 plot_app = typer.Typer(
@@ -47,37 +35,32 @@ plot_app = typer.Typer(
     rich_markup_mode=None,
 )
 
-OUT = typer.Option(..., "--out", help="Figure file to write (.png, .pdf or .svg).")
-FIT = typer.Option(True, "--fit/--no-fit", help="Draw the fitted S(B) = S_min + E_min / B.")
-TOLERANCE = typer.Option(
-    0.1, "--tolerance",
-    help="Tolerance of the regimes read from the data, in (0, 1) (docs/methods.md, \"Regimes read from the data\").",
-)
+Goals = Annotated[list[float], typer.Option("--goal", help="A goal; repeat for each curve.")]
 
 
 @plot_app.command("steps-to-result")
 def steps_to_result_plot(
-    store: Path = STORE,
-    workload: str = WORKLOAD,
-    metric: str = METRIC,
-    goal: float = GOAL,
-    maximize: bool = MAXIMIZE,
-    max_trials: str = MAX_TRIALS_RULE,
-    studies: list[str] = STUDY,
-    mix_studies: bool = MIX_STUDIES,
-    step_budget: int | None = STEP_BUDGET,
-    example_budget: int | None = EXAMPLE_BUDGET,
-    status: list[str] = STATUS,
-    fit: bool = FIT,
-    n_boot: int = typer.Option(
-        0, "--bootstrap", min=0,
+    store: opt.Store,
+    out: opt.FigureOut,
+    workload: opt.StoreWorkload,
+    metric: opt.Metric,
+    goal: opt.Goal,
+    maximize: opt.Maximize = False,
+    max_trials: opt.MaxTrials = "auto",
+    studies: opt.Studies = None,
+    mix_studies: opt.MixStudies = False,
+    step_budget: opt.StepBudget = None,
+    example_budget: opt.ExampleBudget = None,
+    status: opt.Statuses = opt.DEFAULT_STATUSES,
+    fit: opt.Fit = True,
+    n_boot: Annotated[int, typer.Option(
+        "--bootstrap", min=0,
         help="Draw the interval of the steps at each batch size (a one-sided upper bound on the median "
              "best-of-K steps; docs/methods.md, \"Intervals\"), with N resampling replicates (0: no intervals).",
-    ),
-    level: float = typer.Option(0.9, "--level", help="Interval coverage, in (0, 1)."),
-    seed: int = typer.Option(0, "--seed", help="Resampling seed (an integer >= 0)."),
-    tolerance: float = TOLERANCE,
-    out: Path = OUT,
+    )] = 0,
+    level: opt.Level = 0.9,
+    seed: Annotated[int, typer.Option("--seed", help="Resampling seed (an integer >= 0).")] = 0,
+    tolerance: opt.Tolerance = 0.1,
 ) -> None:
     """Steps to result against batch size (log2 axes): resolution brackets as error bars, unreached
     batch sizes at their censoring bound with an upward arrow, the perfect-scaling line from B0, the
@@ -109,30 +92,30 @@ def steps_to_result_plot(
         tolerance=tolerance, interval_label=f"one-sided {level:.0%} upper bound on the median best-of-K steps",
         caption=trials_caption(selection, results),
     )
-    print(save_figure(figure, out))
+    line(save_figure(figure, out))
     for warning in _curve_warnings(curves[0], tolerance):
-        typer.echo(f"warning: {warning}", err=True)
+        note(f"warning: {warning}")
 
 
 @plot_app.command("compare-workloads")
 def compare_workloads_plot(
-    store: Path = STORE,
-    workloads: list[str] = typer.Option(..., "--workload", help="A workload; repeat for each curve."),
-    metrics: list[str] = typer.Option(..., "--metric", help="One metric for all, or one per --workload."),
-    goals: list[float] = typer.Option(..., "--goal", help="One goal for all, or one per --workload."),
-    maximize: bool = MAXIMIZE,
-    max_trials: str = MAX_TRIALS_RULE,
-    studies: list[str] = STUDY,
-    mix_studies: bool = MIX_STUDIES,
-    step_budget: int | None = STEP_BUDGET,
-    example_budget: int | None = EXAMPLE_BUDGET,
-    status: list[str] = STATUS,
-    reference_batch_size: int | None = typer.Option(
-        None, "--reference-batch-size", min=1,
+    store: opt.Store,
+    out: opt.FigureOut,
+    workloads: Annotated[list[str], typer.Option("--workload", help="A workload; repeat for each curve.")],
+    metrics: Annotated[list[str], typer.Option("--metric", help="One metric for all, or one per --workload.")],
+    goals: Annotated[list[float], typer.Option("--goal", help="One goal for all, or one per --workload.")],
+    maximize: opt.Maximize = False,
+    max_trials: opt.MaxTrials = "auto",
+    studies: opt.Studies = None,
+    mix_studies: opt.MixStudies = False,
+    step_budget: opt.StepBudget = None,
+    example_budget: opt.ExampleBudget = None,
+    status: opt.Statuses = opt.DEFAULT_STATUSES,
+    reference_batch_size: Annotated[Optional[int], typer.Option(
+        "--reference-batch-size", min=1,
         help="Normalise every curve by its steps here (default: each curve's smallest reached batch size).",
-    ),
-    fit: bool = FIT,
-    out: Path = OUT,
+    )] = None,
+    fit: opt.Fit = True,
 ) -> None:
     """Steps-to-result curves of several workloads, normalised to compare their shapes."""
     from batchlab.plots.shallue import check_figure_path, compare_workloads_figure, save_figure
@@ -150,24 +133,24 @@ def compare_workloads_plot(
         curves, fits=_fits(curves) if fit else None, reference_batch_size=reference_batch_size,
         title="steps to result, normalised",
     )
-    print(save_figure(figure, out))
+    line(save_figure(figure, out))
 
 
 @plot_app.command("goals")
 def goals_plot(
-    store: Path = STORE,
-    workload: str = WORKLOAD,
-    metric: str = METRIC,
-    goals: list[float] = typer.Option(..., "--goal", help="A goal; repeat for each curve."),
-    maximize: bool = MAXIMIZE,
-    max_trials: str = MAX_TRIALS_RULE,
-    studies: list[str] = STUDY,
-    mix_studies: bool = MIX_STUDIES,
-    step_budget: int | None = STEP_BUDGET,
-    example_budget: int | None = EXAMPLE_BUDGET,
-    status: list[str] = STATUS,
-    fit: bool = FIT,
-    out: Path = OUT,
+    store: opt.Store,
+    out: opt.FigureOut,
+    workload: opt.StoreWorkload,
+    metric: opt.Metric,
+    goals: Goals,
+    maximize: opt.Maximize = False,
+    max_trials: opt.MaxTrials = "auto",
+    studies: opt.Studies = None,
+    mix_studies: opt.MixStudies = False,
+    step_budget: opt.StepBudget = None,
+    example_budget: opt.ExampleBudget = None,
+    status: opt.Statuses = opt.DEFAULT_STATUSES,
+    fit: opt.Fit = True,
 ) -> None:
     """Steps to result for several goals on one workload."""
     from batchlab.plots.shallue import check_figure_path, goals_figure, save_figure
@@ -181,23 +164,23 @@ def goals_plot(
     ]
     labels = [f"{metric} {'>' if maximize else '<'} {g:g}" for g in goals]
     curves = _curves(selections, labels=labels, store=store)
-    print(save_figure(goals_figure(curves, fits=_fits(curves) if fit else None, title=workload), out))
+    line(save_figure(goals_figure(curves, fits=_fits(curves) if fit else None, title=workload), out))
 
 
 @plot_app.command("metaparameters")
 def metaparameters_plot(
-    store: Path = STORE,
-    workload: str = WORKLOAD,
-    metric: str = METRIC,
-    goal: float = GOAL,
-    maximize: bool = MAXIMIZE,
-    max_trials: str = MAX_TRIALS_RULE,
-    studies: list[str] = STUDY,
-    mix_studies: bool = MIX_STUDIES,
-    step_budget: int | None = STEP_BUDGET,
-    example_budget: int | None = EXAMPLE_BUDGET,
-    status: list[str] = STATUS,
-    out: Path = OUT,
+    store: opt.Store,
+    out: opt.FigureOut,
+    workload: opt.StoreWorkload,
+    metric: opt.Metric,
+    goal: opt.Goal,
+    maximize: opt.Maximize = False,
+    max_trials: opt.MaxTrials = "auto",
+    studies: opt.Studies = None,
+    mix_studies: opt.MixStudies = False,
+    step_budget: opt.StepBudget = None,
+    example_budget: opt.ExampleBudget = None,
+    status: opt.Statuses = opt.DEFAULT_STATUSES,
 ) -> None:
     """The best trial's learning rate, 1 - momentum and effective learning rate against batch size.
 
@@ -219,26 +202,27 @@ def metaparameters_plot(
         con.close()
     figure = metaparameters_figure(optimal_metaparameters(results, search_edges=edges), title=_title(selection),
                                    caption=trials_caption(selection, results))
-    print(save_figure(figure, out))
+    line(save_figure(figure, out))
     for warning in edges:
-        typer.echo(f"warning: {warning['message']}", err=True)
+        note(f"warning: {warning['message']}")
 
 
 @plot_app.command("lr-momentum")
 def lr_momentum_plot(
-    store: Path = STORE,
-    workload: str = WORKLOAD,
-    metric: str = METRIC,
-    goal: float = GOAL,
-    maximize: bool = MAXIMIZE,
-    max_trials: str = MAX_TRIALS_RULE,
-    studies: list[str] = STUDY,
-    mix_studies: bool = MIX_STUDIES,
-    step_budget: int | None = STEP_BUDGET,
-    example_budget: int | None = EXAMPLE_BUDGET,
-    status: list[str] = STATUS,
-    batch_sizes: list[int] = typer.Option(None, "--batch-size", help="A batch size to show; repeat (default: all)."),
-    out: Path = OUT,
+    store: opt.Store,
+    out: opt.FigureOut,
+    workload: opt.StoreWorkload,
+    metric: opt.Metric,
+    goal: opt.Goal,
+    maximize: opt.Maximize = False,
+    max_trials: opt.MaxTrials = "auto",
+    studies: opt.Studies = None,
+    mix_studies: opt.MixStudies = False,
+    step_budget: opt.StepBudget = None,
+    example_budget: opt.ExampleBudget = None,
+    status: opt.Statuses = opt.DEFAULT_STATUSES,
+    batch_sizes: Annotated[Optional[list[int]], typer.Option(
+        "--batch-size", help="A batch size to show; repeat (default: all).")] = None,
 ) -> None:
     """Every trial in the (learning rate, 1 - momentum) plane: reached, not reached, diverged.
 
@@ -264,26 +248,28 @@ def lr_momentum_plot(
     figure = lr_momentum_scatter_figure(outcomes, batch_sizes=batch_sizes or None, title=_title(selection),
                                         search_edges=edges, search_ranges=ranges,
                                         caption=trials_caption(selection, results))
-    print(save_figure(figure, out))
+    line(save_figure(figure, out))
     shown = set(batch_sizes) if batch_sizes else None
     for warning in edges:
         if shown is None or warning["batch_size"] in shown:
-            typer.echo(f"warning: {warning['message']}", err=True)
+            note(f"warning: {warning['message']}")
 
 
 @plot_app.command("best-measurement")
 def best_measurement_plot(
-    store: Path = STORE,
-    workload: str = WORKLOAD,
-    metric: str = METRIC,
-    maximize: bool = MAXIMIZE,
-    max_trials: str = MAX_TRIALS_RULE,
-    studies: list[str] = STUDY,
-    mix_studies: bool = MIX_STUDIES,
-    step_budgets: list[int] = typer.Option(None, "--step-budget", min=1, help="A step budget; repeat for each line."),
-    example_budgets: list[int] = typer.Option(None, "--example-budget", min=1, help="An example budget; repeat for each line."),
-    status: list[str] = STATUS,
-    out: Path = OUT,
+    store: opt.Store,
+    out: opt.FigureOut,
+    workload: opt.StoreWorkload,
+    metric: opt.Metric,
+    maximize: opt.Maximize = False,
+    max_trials: opt.MaxTrials = "auto",
+    studies: opt.Studies = None,
+    mix_studies: opt.MixStudies = False,
+    step_budgets: Annotated[Optional[list[int]], typer.Option(
+        "--step-budget", min=1, help="A step budget; repeat for each line.")] = None,
+    example_budgets: Annotated[Optional[list[int]], typer.Option(
+        "--example-budget", min=1, help="An example budget; repeat for each line.")] = None,
+    status: opt.Statuses = opt.DEFAULT_STATUSES,
 ) -> None:
     """Best measurement against batch size, one line per budget (give step or example budgets)."""
     from batchlab.analysis.budgets import best_measurement_by_budget
@@ -302,7 +288,7 @@ def best_measurement_plot(
         )
     finally:
         con.close()
-    print(save_figure(best_measurement_figure(sweep, metric, title=workload), out))
+    line(save_figure(best_measurement_figure(sweep, metric, title=workload), out))
 
 
 def _curves(selections, labels, store: Path, with_results: bool = False):

@@ -3,23 +3,19 @@
 
 from __future__ import annotations
 
-import json
-import shutil
-import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import typer
+
+from batchlab.cli.output import check_output_path, emit_json, line, note, print_table
 
 store_app = typer.Typer(help="Inspect and maintain a measurement store.", no_args_is_help=True)
 import_app = typer.Typer(help="Import measurements into a store.", no_args_is_help=True)
 export_app = typer.Typer(help="Export a store to another format.", no_args_is_help=True)
 
 STORE_OPTION = typer.Option(..., "--store", help="Store directory.")
-
-
-def _print_json(obj: dict) -> None:
-    print(json.dumps(obj, sort_keys=False))
+NEW_STORE_OPTION = typer.Option(
+    ..., "--store", help="Store directory (created if missing; its parent directory must exist).")
 
 
 def _fmt_stop(rule) -> str:
@@ -41,26 +37,26 @@ def _fmt_evaluation(evaluation) -> str:
 
 
 def _print_studies(studies: list[dict]) -> None:
-    """The study definitions, grouped by workload and batch size, one line per study."""
-    print(f"study definitions ({len(studies)}): id, source, budget (steps), train examples, stop rule, "
-          "evaluation, trials by status")
-    last_workload = None
+    """The study definitions, one row per study, sorted by workload and batch size."""
+    rows = []
     for s in studies:
-        if s["workload"] != last_workload:
-            print(f"  {s['workload']}")
-            last_workload = s["workload"]
         n_defs = s["definitions_at_batch_size"]
-        mark = f"  [{n_defs} definitions at this batch size]" if n_defs > 1 else ""
         counts = ", ".join(f"{k} {v}" for k, v in s["statuses"].items() if v) or "none"
-        examples = "all" if s["train_examples"] is None else str(s["train_examples"])
-        budget = "?" if s["train_steps"] is None else str(s["train_steps"])
         if s["stop_rule"] is None and s["early_stopping"]:
             stop = "early stopping (rule not recorded)"
         else:
             stop = _fmt_stop(s["stop_rule"])
-        print(f"    B={s['batch_size']:<7} {s['study_id']}  source {s['source']}  budget {budget}  "
-              f"examples {examples}  stop {stop}  evaluation {_fmt_evaluation(s['evaluation'])}  "
-              f"trials {s['n_trials']} ({counts}){mark}")
+        rows.append([
+            s["workload"], str(s["batch_size"]), s["study_id"], str(s["source"]),
+            "?" if s["train_steps"] is None else str(s["train_steps"]),
+            "all" if s["train_examples"] is None else str(s["train_examples"]),
+            stop, _fmt_evaluation(s["evaluation"]), s["device"], f"{s['n_trials']} ({counts})",
+            f"{n_defs} definitions at this batch size" if n_defs > 1 else "",
+        ])
+    print_table(f"study definitions ({len(studies)})",
+                ["workload", "batch size", ("study id", "left"), ("source", "left"), "budget (steps)", "train examples",
+                 ("stop rule", "left"), ("evaluation", "left"), ("device", "left"), ("trials (by status)", "left"),
+                 ("note", "left")], rows)
 
 
 @store_app.command("info")
@@ -70,24 +66,24 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Counts of workloads, studies, trials by status and measurements, and every study definition
-    per workload and batch size (id, source, budget, train examples, stop rule, evaluation, trials by
-    status). Trials run under different definitions at one workload and batch size are separate
+    per workload and batch size (id, source, budget, train examples, stop rule, evaluation, device,
+    trials by status). Trials run under different definitions at one workload and batch size are separate
     studies (docs/methods.md, "Study definitions and ids")."""
     from batchlab.store import Store
     from batchlab.store.maintenance import store_info
 
     result = store_info(Store.open(store), workload=workload)
     if as_json:
-        _print_json(result)
+        emit_json(result)
         return
     trials = result["trials"]
-    print(f"store         {result['store']}")
-    print(f"workloads     {result['workloads']}")
-    print(f"studies       {result['studies']}")
-    print("trials        " + ", ".join(f"{k} {v}" for k, v in trials.items()))
-    print(f"measurements  {result['measurements']}")
-    print("files         " + ", ".join(f"{k} {v}" for k, v in result["files"].items()))
-    print(f"pending       {result['pending_trials']} trial(s) being written or abandoned")
+    line(f"store         {result['store']}")
+    line(f"workloads     {result['workloads']}")
+    line(f"studies       {result['studies']}")
+    line("trials        " + ", ".join(f"{k} {v}" for k, v in trials.items()))
+    line(f"measurements  {result['measurements']}")
+    line("files         " + ", ".join(f"{k} {v}" for k, v in result["files"].items()))
+    line(f"pending       {result['pending_trials']} trial(s) being written or abandoned")
     _print_studies(result["study_definitions"])
 
 
@@ -106,53 +102,46 @@ def compact(
 
     report = run_compact(Store.open(store), grace_seconds=grace_seconds).as_dict()
     if as_json:
-        _print_json(report)
+        emit_json(report)
     else:
         merged = sum(report["merged"].values())
         written = sum(report["written"].values())
-        print(f"merged {merged} files into {written}; deleted {report['deleted_files']} "
+        line(f"merged {merged} files into {written}; deleted {report['deleted_files']} "
               f"unreferenced files and {report['deleted_log_entries']} old log entries")
 
 
-@contextmanager
-def _store_for_import(store: Path):
-    """The store at ``store``, created if needed; a failed import leaves no new, empty store behind."""
-    from batchlab.store import Store
-
-    existed = store.exists()
-    target = Store.open(store, create=True)
-    try:
-        yield target
-    except Exception:
-        if not existed and target.state().seq == 0:
-            shutil.rmtree(store, ignore_errors=True)
-        raise
+def _created(store: Path, created: bool) -> None:
+    if created:
+        note(f"created a new store at {store}")
 
 
 @import_app.command("batch-science")
 def import_batch_science(
     path: Path = typer.Argument(..., help="Root of the batch_science release tree."),
-    store: Path = STORE_OPTION,
+    store: Path = NEW_STORE_OPTION,
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip malformed studies and trials, list them."),
     jobs: int = typer.Option(2, "--jobs", min=1, help="Worker processes reading studies (large trees)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Import a batch_science release tree into a store (created if needed)."""
+    """Import a batch_science release tree into a store (created if needed; a failed import leaves no
+    new store behind)."""
     from batchlab.errors import BatchlabError
+    from batchlab.store import store_for_import
     from batchlab.store.batch_science_import import find_studies
     from batchlab.store.batch_science_import import import_batch_science as run_import
 
     studies = find_studies(path)  # check the release before creating the store
     if not studies:
         raise BatchlabError(f"no studies (batch size directories with study.json) under {path}")
-    with _store_for_import(store) as target:
+    with store_for_import(store) as (target, created):
         report = run_import(target, path, skip_bad=skip_bad, jobs=jobs, studies=studies)
     for skipped_path, problem in report.skipped:
-        print(f"skipped: {skipped_path}: {problem}", file=sys.stderr)
+        note(f"skipped: {skipped_path}: {problem}")
+    _created(store, created)
     if as_json:
-        _print_json(report.as_dict())
+        emit_json(report.as_dict())
     else:
-        print(f"imported {report.trials_added} trials ({report.measurements_added} measurements) "
+        line(f"imported {report.trials_added} trials ({report.measurements_added} measurements) "
               f"from {report.studies} studies in {report.seconds:.1f} s; "
               f"{report.trials_already_present} already present; {len(report.skipped)} skipped")
 
@@ -160,7 +149,7 @@ def import_batch_science(
 @import_app.command("table")
 def import_table(
     path: Path = typer.Argument(..., help="CSV (.csv, .csv.gz) or Parquet (.parquet, .pq) file, long format."),
-    store: Path = STORE_OPTION,
+    store: Path = NEW_STORE_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Import long-format measurements from any trainer: one row per trial and evaluation step.
@@ -175,14 +164,16 @@ def import_table(
     error line and writes nothing. Each workload and batch size becomes a study with source
     "table import:<file name>"; importing the same file again adds nothing (docs/methods.md,
     "Table import")."""
+    from batchlab.store import store_for_import
     from batchlab.store.table_import import import_table as run_import
 
-    with _store_for_import(store) as target:
+    with store_for_import(store) as (target, created):
         report = run_import(target, path).as_dict()
+    _created(store, created)
     if as_json:
-        _print_json(report)
+        emit_json(report)
     else:
-        print(f"imported {report['trials_added']} trials ({report['measurements_added']} measurements, "
+        line(f"imported {report['trials_added']} trials ({report['measurements_added']} measurements, "
               f"metrics {', '.join(report['metrics'])}) in {report['studies']} studies from {path}; "
               f"{report['trials_already_present']} already present")
 
@@ -190,7 +181,8 @@ def import_table(
 @export_app.command("batch-science")
 def export_batch_science(
     store: Path = STORE_OPTION,
-    out: Path = typer.Option(..., "--out", help="Directory to write (must not exist or be empty)."),
+    out: Path = typer.Option(..., "--out", help="Directory to write (must not exist or be empty; its parent "
+                                                "directory must exist)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Write the store in the batch_science release layout.
@@ -203,19 +195,20 @@ def export_batch_science(
     from batchlab.store import Store
     from batchlab.store.batch_science_export import export_batch_science as run_export
 
+    check_output_path(out, "--out")  # a mistyped parent directory is an error, never created
     report = run_export(Store.open(store), out).as_dict()
     if as_json:
-        _print_json(report)
+        emit_json(report)
     else:
-        print(f"exported {report['studies']} studies, {report['trials']} trials, "
-              f"{report['measurements']} measurements to {out}")
+        line(f"exported {report['studies']} studies, {report['trials']} trials, "
+             f"{report['measurements']} measurements to {out}")
         if report["stopped_at_goal"]:
-            print(f"{report['stopped_at_goal']} STOPPED_AT_GOAL trial(s) written as status COMPLETE with "
-                  "steps = updates run (metadata.json batchlab_status STOPPED_AT_GOAL; study.json "
-                  "early_stopping true), the release's convention for early-stopped trials")
+            line(f"{report['stopped_at_goal']} STOPPED_AT_GOAL trial(s) written as status COMPLETE with "
+                 "steps = updates run (metadata.json batchlab_status STOPPED_AT_GOAL; study.json "
+                 "early_stopping true), the release's convention for early-stopped trials")
         if report["merged_batch_sizes"]:
-            print(f"{report['merged_batch_sizes']} batch size(s) hold several study definitions: their "
-                  "trials share one directory and study.json lists them under batchlab_studies")
+            line(f"{report['merged_batch_sizes']} batch size(s) hold several study definitions: their "
+                 "trials share one directory and study.json lists them under batchlab_studies")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,34 +1,31 @@
 """Commands ``workloads``, ``optimizers``, ``train`` and ``study``: what exists, one trial, one study.
 
 With ``--json`` each command prints one JSON object per line on stdout (non-finite numbers as
-``null``); without it, rich tables (and a progress bar on stderr while training).
+``null``); without it, tables (and a progress bar on stderr while training on a terminal). WORKLOAD
+is a registered name, ``package.module:function`` or ``path/to/file.py:function``
+(:func:`batchlab.workloads.resolve_workload`); ``--device`` is checked before anything runs.
+Options shared with other commands come from :mod:`batchlab.cli.options`, output goes through
+:mod:`batchlab.cli.output`.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
+from batchlab.cli import options as opt
+from batchlab.cli.output import emit_json, fmt, line, print_table
 from batchlab.errors import BatchlabError
 
-
-def _plain(value: Any) -> Any:
-    """JSON-safe: non-finite floats become None (JSON has no NaN)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _emit(obj: dict) -> None:
-    print(json.dumps(_plain(obj)), flush=True)
+#: ``--json`` with what this module\'s commands print.
+WorkloadsJson = opt.json_option("One JSON object per workload.")
+OptimizersJson = opt.json_option("One JSON object per optimizer.")
+StudyJson = opt.json_option("One JSON object per trial, then the best trial.")
+TrainJson = opt.json_option(
+    "One JSON object per evaluation, then a summary object (status, steps_to_goal and steps_lower: the goal was "
+    "first met in (steps_lower, steps_to_goal]).")
 
 
 def _number(text: str) -> int | float:
@@ -55,26 +52,39 @@ def parse_hparams(items: list[str] | None) -> dict[str, int | float]:
 
 
 def _format(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
-def _console(stderr: bool = False):
-    from rich.console import Console
-
-    return Console(stderr=stderr)
+    return "-" if value is None else fmt(value)
 
 
 def _progress():
+    """A progress bar on stderr on a terminal; ``None`` otherwise (no bar in files and pipes)."""
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=_console(stderr=True), transient=True,
-    )
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        return None
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=True)
+
+
+class _Bar:
+    """``with _Bar(description, total) as advance: advance(completed=...)``: a progress bar on a
+    terminal, nothing elsewhere."""
+
+    def __init__(self, description: str, total: int) -> None:
+        self.progress = _progress()
+        self.description, self.total = description, total
+
+    def __enter__(self):
+        if self.progress is None:
+            return lambda **_: None
+        self.progress.__enter__()
+        task = self.progress.add_task(self.description, total=self.total)
+        return lambda **kw: self.progress.update(task, **kw) if kw else self.progress.advance(task)
+
+    def __exit__(self, *exc) -> None:
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
 
 
 def register(app: typer.Typer) -> None:
@@ -82,31 +92,32 @@ def register(app: typer.Typer) -> None:
 
     @app.command("workloads")
     def workloads(
-        json_output: Annotated[bool, typer.Option("--json", help="One JSON object per workload.")] = False,
+        names: Annotated[Optional[list[str]], typer.Argument(
+            help="Workloads to show (names or references; default: every registered one).",
+            metavar="WORKLOAD_OR_REF")] = None,
+        json_output: WorkloadsJson = False,
     ) -> None:
-        """List the registered workloads with their goal, default budget and data splits."""
+        """List the registered workloads (or the given ones, references included) with their goal,
+        default budget and data splits."""
         from batchlab.workloads import get_workload, workload_names
 
-        described = [get_workload(name).describe() for name in workload_names()]
+        described = [get_workload(name).describe() for name in (names or workload_names())]
         if json_output:
             for item in described:
-                _emit(item)
+                emit_json(item)
             return
-        from rich.table import Table
-
-        table = Table(title="workloads")
-        for column in ("name", "goal", "default steps", "default batch", "parameters", "splits"):
-            table.add_column(column, no_wrap=column == "name")
+        rows = []
         for d in described:
             goal = f"{d['metric']} {'>' if d['maximize'] else '<'} {d['goal']:g}"
             splits = " / ".join(f"{k} {v}" for k, v in d["splits"].items())
-            table.add_row(d["name"], goal, str(d["default_steps"]), str(d["default_batch_size"]),
-                          f"{d['num_parameters']:,}", splits)
-        _console().print(table)
+            rows.append([d["name"], goal, str(d["default_steps"]), str(d["default_batch_size"]),
+                         f"{d['num_parameters']:,}", splits])
+        print_table("workloads", ["name", ("goal", "left"), "default steps", "default batch", "parameters",
+                                  ("splits", "left")], rows)
 
     @app.command("optimizers")
     def optimizers(
-        json_output: Annotated[bool, typer.Option("--json", help="One JSON object per optimizer.")] = False,
+        json_output: OptimizersJson = False,
     ) -> None:
         """List the optimizers with every hyperparameter's default and the default search space."""
         from batchlab.optim import optimizer_defaults, optimizer_names
@@ -119,47 +130,51 @@ def register(app: typer.Typer) -> None:
         ]
         if json_output:
             for item in described:
-                _emit(item)
+                emit_json(item)
             return
-        from rich.table import Table
-
-        table = Table(title="optimizers (None = off)")
-        for column in ("name", "defaults", "searched (constant learning rate)"):
-            table.add_column(column, no_wrap=column == "name")
+        rows = []
         for d in described:
             defaults = ", ".join(f"{k}={_format(v)}" for k, v in d["defaults"].items())
             searched = ", ".join(
                 f"{k} {c.get('scale', '')} [{_format(c.get('min_value'))}, {_format(c.get('max_value'))}]"
                 for k, c in d["search_space"].items()
             )
-            table.add_row(d["name"], defaults, searched)
-        _console().print(table)
+            rows.append([d["name"], defaults, searched])
+        print_table("optimizers (None = off)", ["name", ("defaults", "left"),
+                                                ("searched (constant learning rate)", "left")], rows)
 
     @app.command("train")
     def train(
-        workload: Annotated[str, typer.Argument(help="Workload name, e.g. mnist/fc_128_128_128.")],
-        optimizer: Annotated[str, typer.Option("--optimizer", help="Optimizer name (batchlab optimizers).")],
-        batch_size: Annotated[int, typer.Option("--batch-size", help="Examples per update.")],
+        workload: opt.Workload,
+        optimizer: opt.Optimizer,
+        batch_size: opt.BatchSize,
         learning_rate: Annotated[float, typer.Option("--learning-rate", help="Base learning rate (> 0).")],
-        momentum: Annotated[Optional[float], typer.Option("--momentum", help="Momentum (momentum, nesterov, kfac, lars).")] = None,
-        steps: Annotated[Optional[int], typer.Option("--steps", help="Step budget (default: the workload's).")] = None,
-        train_examples: Annotated[Optional[int], typer.Option("--train-examples", help="Train on a random subset of N examples.")] = None,
+        momentum: Annotated[Optional[float], typer.Option(
+            "--momentum", help="Momentum (momentum, nesterov, kfac, lars).")] = None,
+        steps: opt.Steps = None,
+        train_examples: opt.TrainExamples = None,
         seed: Annotated[int, typer.Option("--seed", help="Model initialisation, data order and training subset.")] = 0,
-        store: Annotated[Optional[Path], typer.Option("--store", help="Record the trial into this store (created if missing).")] = None,
-        stop_at_goal: Annotated[bool, typer.Option("--stop-at-goal", help="Stop at the first evaluation that beats the goal.")] = False,
-        hparam: Annotated[Optional[list[str]], typer.Option("--hparam", help="Another hyperparameter, NAME=VALUE (repeatable).")] = None,
-        eval_every: Annotated[Optional[int], typer.Option("--eval-every", help="Evaluate every N steps instead of the workload's schedule.")] = None,
-        eval_budget: Annotated[Optional[float], typer.Option("--eval-budget", help="Keep evaluation within this fraction F of training, counted in examples (e.g. 0.1): thins the schedule and evaluation subsets (batchlab.train.evaluation.budgeted_plan).")] = None,
-        train_eval_examples: Annotated[Optional[int], typer.Option("--train-eval-examples", help="Measure train/* metrics on a fixed subset of at most N training examples.")] = None,
-        resolution: Annotated[float, typer.Option("--resolution", help="Relative spacing R of the goal-metric evaluations, in (0, 1): consecutive evaluation steps within a factor 1+R, every step while 1/R is larger; steps to the goal are read to within that (docs/methods.md, 'Evaluation schedule and resolution').")] = 0.05,
-        refine: Annotated[str, typer.Option("--refine", help="How the goal metric is measured at the resolution steps: replay (default: only in the bracket where the goal is first met, by retraining a copy kept at the previous full evaluation) or dense (at every resolution step as the trial runs).")] = "replay",
-        json_output: Annotated[bool, typer.Option("--json", help="One JSON object per evaluation, then a summary object (status, steps_to_goal and steps_lower: the goal was first met in (steps_lower, steps_to_goal]).")] = False,
+        store: Annotated[Optional[Path], typer.Option(
+            "--store", help="Record the trial into this store (created if missing; its parent directory must "
+                            "exist).")] = None,
+        stop_at_goal: opt.StopAtGoal = True,
+        hparam: Annotated[Optional[list[str]], typer.Option(
+            "--hparam", help="Another hyperparameter, NAME=VALUE (repeatable).")] = None,
+        eval_every: Annotated[Optional[int], typer.Option(
+            "--eval-every", help="Evaluate every N steps instead of the workload's schedule.")] = None,
+        eval_budget: opt.EvalBudget = None,
+        train_eval_examples: opt.TrainEvalExamples = None,
+        resolution: opt.Resolution = 0.05,
+        refine: opt.Refine = "replay",
+        device: opt.Device = "auto",
+        json_output: TrainJson = False,
     ) -> None:
         """Run one trial: print each evaluation, then the status and steps to the goal."""
         from batchlab.train import TrialSpec, prepare_trial, run_prepared
         from batchlab.train.evaluation import every_n_steps
         from batchlab.workloads import get_workload
 
+        device = opt.check_device(device)
         hyperparameters: dict[str, Any] = {"learning_rate": learning_rate}
         if momentum is not None:
             hyperparameters["momentum"] = momentum
@@ -177,24 +192,20 @@ def register(app: typer.Typer) -> None:
             steps=budget, train_examples=train_examples, seed=seed, data_seed=seed, stop_at_goal=stop_at_goal,
             evaluation_steps=None if eval_every is None else every_n_steps(budget, eval_every),
             eval_budget=eval_budget, train_eval_examples=train_eval_examples, resolution=resolution, refine=refine,
+            device=device,
         )
         prepared = prepare_trial(spec)  # validates everything before the store is touched
-        opened = None
-        if store is not None:
-            from batchlab.store import Store
-
-            opened = Store.open(store, create=True)
+        opened = None if store is None else opt.open_store(store)
 
         if json_output:
-            result = run_prepared(prepared, store=opened, on_measurement=_emit)
+            result = run_prepared(prepared, store=opened, on_measurement=emit_json)
         else:
             rows: list[dict] = []
-            with _progress() as progress:
-                task = progress.add_task(f"{w.name} {optimizer} B={batch_size}", total=budget)
+            with _Bar(f"{w.name} {optimizer} B={batch_size}", budget) as advance:
 
                 def show(row: dict) -> None:
                     rows.append(row)
-                    progress.update(task, completed=row["step"])
+                    advance(completed=row["step"])
 
                 result = run_prepared(prepared, store=opened, on_measurement=show)
             _print_measurements(rows, title=f"{result.workload}, batch size {batch_size}")
@@ -204,42 +215,45 @@ def register(app: typer.Typer) -> None:
             "wall_time_s": round(result.wall_time_s, 3), "workload": result.workload,
             "batch_size": result.batch_size, "trial_id": result.trial_id, "parameters": result.parameters,
             "seed": result.seed, "metric": result.metric, "goal": result.goal,
+            "device": getattr(result, "device", device),
         }
         if json_output:
-            _emit(summary)
+            emit_json(summary)
         else:
             reached = "not reached" if result.steps_to_goal is None else (
                 f"reached at step {result.steps_to_goal} (first met in ({result.steps_lower}, {result.steps_to_goal}])")
-            _console().print(
-                f"{result.status}: {result.steps} steps in {result.wall_time_s:.1f} s; goal "
-                f"{result.metric} {'>' if result.maximize else '<'} {result.goal:g} {reached}"
-                + ("" if opened is None else f"; recorded as trial {result.trial_id} in {store}")
-            )
+            params = ", ".join(f"{k}={_format(v)}" for k, v in result.parameters.items())
+            line(f"{result.status}: {result.steps} steps in {result.wall_time_s:.1f} s; goal "
+                 f"{result.metric} {'>' if result.maximize else '<'} {result.goal:g} {reached}; {params}"
+                 + ("" if opened is None else f"; recorded as trial {result.trial_id} in {store}"))
 
     @app.command("study")
     def study(
-        workload: Annotated[str, typer.Argument(help="Workload name, e.g. mnist/fc_128_128_128.")],
-        optimizer: Annotated[str, typer.Option("--optimizer", help="Optimizer name (batchlab optimizers).")],
-        batch_size: Annotated[int, typer.Option("--batch-size", help="Examples per update.")],
+        workload: opt.Workload,
+        optimizer: opt.Optimizer,
+        batch_size: opt.BatchSize,
         trials: Annotated[int, typer.Option("--trials", help="Number of trials (quasi-random points).")],
-        store: Annotated[Path, typer.Option("--store", help="Record the trials into this store (created if missing).")],
-        steps: Annotated[Optional[int], typer.Option("--steps", help="Step budget per trial (default: the workload's).")] = None,
-        train_examples: Annotated[Optional[int], typer.Option("--train-examples", help="Train on a random subset of N examples.")] = None,
+        store: Annotated[Path, typer.Option(
+            "--store", help="Record the trials into this store (created if missing; its parent directory must "
+                            "exist).")],
+        steps: opt.Steps = None,
+        train_examples: opt.TrainExamples = None,
         seed: Annotated[int, typer.Option("--seed", help="Seed of the quasi-random points and of the trials.")] = 0,
-        stop_at_goal: Annotated[bool, typer.Option("--stop-at-goal", help="Stop each trial once it beats the goal.")] = False,
-        eval_budget: Annotated[Optional[float], typer.Option("--eval-budget", help="Keep evaluation within this fraction F of training, counted in examples (e.g. 0.1): thins the schedule and evaluation subsets (batchlab.train.evaluation.budgeted_plan).")] = None,
-        train_eval_examples: Annotated[Optional[int], typer.Option("--train-eval-examples", help="Measure train/* metrics on a fixed subset of at most N training examples.")] = None,
-        resolution: Annotated[float, typer.Option("--resolution", help="Relative spacing R of the goal-metric evaluations, in (0, 1): consecutive evaluation steps within a factor 1+R, every step while 1/R is larger; steps to the goal are read to within that (docs/methods.md, 'Evaluation schedule and resolution').")] = 0.05,
-        refine: Annotated[str, typer.Option("--refine", help="How the goal metric is measured at the resolution steps: replay (default: only in the bracket where the goal is first met, by retraining a copy kept at the previous full evaluation) or dense (at every resolution step as the trial runs).")] = "replay",
-        json_output: Annotated[bool, typer.Option("--json", help="One JSON object per trial, then the best trial.")] = False,
+        stop_at_goal: opt.StopAtGoal = True,
+        eval_budget: opt.EvalBudget = None,
+        train_eval_examples: opt.TrainEvalExamples = None,
+        resolution: opt.Resolution = 0.05,
+        refine: opt.Refine = "replay",
+        device: opt.Device = "auto",
+        json_output: StudyJson = False,
     ) -> None:
         """Run one study (one workload at one batch size) and print its best trial."""
-        from batchlab.store import Store
         from batchlab.train.study import check_study, run_study
 
+        device = opt.check_device(device)
         budget = check_study(workload, optimizer, batch_size, trials, steps, train_examples, seed, stop_at_goal,
-                             eval_budget, train_eval_examples, resolution, refine)
-        opened = Store.open(store, create=True)
+                             eval_budget, train_eval_examples, resolution, refine, device)
+        opened = opt.open_store(store)
 
         def trial_row(t) -> dict:
             return {
@@ -249,18 +263,16 @@ def register(app: typer.Typer) -> None:
                 "wall_time_s": round(t.wall_time_s, 3),
             }
 
+        common = dict(steps=budget, train_examples=train_examples, seed=seed, stop_at_goal=stop_at_goal,
+                      eval_budget=eval_budget, train_eval_examples=train_eval_examples, resolution=resolution,
+                      refine=refine, device=device)
         if json_output:
-            result = run_study(workload, optimizer, batch_size, trials, opened, steps=budget,
-                               train_examples=train_examples, seed=seed, stop_at_goal=stop_at_goal,
-                               eval_budget=eval_budget, train_eval_examples=train_eval_examples,
-                               resolution=resolution, refine=refine, on_trial=lambda t: _emit(trial_row(t)))
+            result = run_study(workload, optimizer, batch_size, trials, opened,
+                               on_trial=lambda t: emit_json(trial_row(t)), **common)
         else:
-            with _progress() as progress:
-                task = progress.add_task(f"study {workload} {optimizer} B={batch_size}", total=trials)
-                result = run_study(workload, optimizer, batch_size, trials, opened, steps=budget,
-                                   train_examples=train_examples, seed=seed, stop_at_goal=stop_at_goal,
-                                   eval_budget=eval_budget, train_eval_examples=train_eval_examples,
-                                   resolution=resolution, refine=refine, on_trial=lambda t: progress.advance(task))
+            with _Bar(f"study {workload} {optimizer} B={batch_size}", trials) as advance:
+                result = run_study(workload, optimizer, batch_size, trials, opened,
+                                   on_trial=lambda t: advance(), **common)
         best, best_final = result.best, result.best_final
         first = result.trials[0]
         summary = {
@@ -274,45 +286,35 @@ def register(app: typer.Typer) -> None:
             "best_final_metric": None if best_final is None else best_final.final_metric(),
         }
         if json_output:
-            _emit(summary)
+            emit_json(summary)
             return
-        _print_trials([trial_row(t) for t in result.trials], first.metric, title=f"{result.workload}, batch size {result.batch_size}")
-        console = _console()
+        _print_trials([trial_row(t) for t in result.trials], first.metric,
+                      title=f"{result.workload}, batch size {result.batch_size}")
         if best is not None:
             params = ", ".join(f"{k}={_format(v)}" for k, v in best.parameters.items())
-            console.print(f"best trial: {best.trial_id}, {best.steps_to_goal} steps (first met in "
-                          f"({best.steps_lower}, {best.steps_to_goal}]) to "
-                          f"{first.metric} {'>' if first.maximize else '<'} {first.goal:g} ({params})")
+            line(f"best trial: {best.trial_id}, {best.steps_to_goal} steps (first met in "
+                 f"({best.steps_lower}, {best.steps_to_goal}]) to "
+                 f"{first.metric} {'>' if first.maximize else '<'} {first.goal:g} ({params})")
         else:
-            line = f"no trial reached {first.metric} {'>' if first.maximize else '<'} {first.goal:g}"
+            text = f"no trial reached {first.metric} {'>' if first.maximize else '<'} {first.goal:g}"
             if best_final is not None:
-                line += f"; best final {first.metric} = {best_final.final_metric():.4g} (trial {best_final.trial_id})"
-            console.print(line)
+                text += f"; best final {first.metric} = {best_final.final_metric():.4g} (trial {best_final.trial_id})"
+            line(text)
 
 
 def _print_measurements(rows: list[dict], title: str) -> None:
-    from rich.table import Table
-
-    table = Table(title=title)
     names = ["step"] + sorted({k for row in rows for k in row if k != "step"})
-    for name in names:
-        table.add_column(name, justify="right")
-    for row in rows:
-        table.add_row(*(_format(row.get(name)) for name in names))
-    _console().print(table)
+    print_table(title, [(name, "right") for name in names], [[_format(row.get(n)) for n in names] for row in rows])
 
 
 def _print_trials(rows: list[dict], metric: str, title: str) -> None:
-    from rich.table import Table
-
-    table = Table(title=title)
-    for column in ("trial", "status", "steps to goal", f"final {metric}", "parameters"):
-        table.add_column(column)
+    table_rows = []
     for row in rows:
         params = ", ".join(f"{k}={_format(v)}" for k, v in row["parameters"].items())
-        table.add_row(str(row["trial_id"]), row["status"], _format(row["steps_to_goal"]),
-                      _format(row["final_metric"]), params)
-    _console().print(table)
+        table_rows.append([str(row["trial_id"]), row["status"], _format(row["steps_to_goal"]),
+                           _format(row["final_metric"]), params])
+    print_table(title, ["trial", ("status", "left"), "steps to goal", f"final {metric}", ("parameters", "left")],
+                table_rows)
 
 
 __all__ = ["register", "parse_hparams"]

@@ -6,7 +6,8 @@ Per eigen-direction every algorithm is a linear stochastic update of a small sta
     w_{t+1} = A w_t + b eps_t,      eps_t ~ N(0, c / B) independent of w_t,
 
 composed optax-style: a base update (``sgd``, ``momentum``, ``nesterov``) and an ``ema`` wrapper that adds
-one state component. Preconditioning ``P^-1 = H^-p`` enters through ``z = lr h^(1-p)`` (curvature step) and
+one state component. Which algorithm has which base update and wrapper is declared once, in the registry
+:mod:`batchlab.nqm.algorithms`. Preconditioning ``P^-1 = H^-p`` enters through ``z = lr h^(1-p)`` (curvature step) and
 ``a = lr h^-p`` (noise gain), docs/methods.md, "Algorithms, exactly".
 
 The second moments ``S = E[w w^T]`` evolve affinely, ``S' = A S A^T + (c / B) b b^T``. On the vector ``u`` of
@@ -27,38 +28,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from batchlab.errors import BatchlabError, unknown_name_error
+from batchlab.errors import BatchlabError
+from batchlab.nqm.algorithms import (  # Algorithm is re-exported: the engine's name for a registry entry + p
+    Algorithm,
+    get_base_update,
+    get_nqm_algorithm,
+    nqm_algorithm_names,
+)
 from batchlab.nqm.problem import Problem
-
-OPTIMIZERS = ("sgd", "momentum", "nesterov", "ema", "momentum+ema", "nesterov+ema")
-
-
-@dataclass(frozen=True)
-class Algorithm:
-    """An NQM training algorithm: ``name`` in :data:`OPTIMIZERS` and preconditioning power ``p``."""
-
-    name: str = "sgd"
-    precondition: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.name not in OPTIMIZERS:
-            raise unknown_name_error("optimizer", self.name, OPTIMIZERS)
-        p = float(self.precondition)
-        if not np.isfinite(p) or not 0.0 <= p <= 1.0:
-            raise BatchlabError(f"precondition power p must be in [0, 1], got {self.precondition}")
-
-    @property
-    def base(self) -> str:
-        """The base update: ``sgd``, ``momentum`` or ``nesterov``."""
-        return {"ema": "sgd"}.get(self.name, self.name.split("+")[0])
-
-    @property
-    def uses_momentum(self) -> bool:
-        return self.base in ("momentum", "nesterov")
-
-    @property
-    def uses_ema(self) -> bool:
-        return self.name == "ema" or self.name.endswith("+ema")
 
 
 def check_momentum(value, what: str = "momentum") -> np.ndarray:
@@ -81,7 +58,8 @@ def linear_update(base: str, z, a, momentum=0.0, ema_decay=None):
     """Per-direction linear update ``w' = A w + b eps`` of one algorithm.
 
     Args:
-        base: ``sgd``, ``momentum`` or ``nesterov``.
+        base: the name of a base update (:data:`batchlab.nqm.algorithms.BASE_UPDATES`: ``sgd``,
+            ``momentum``, ``nesterov``).
         z, a: curvature step ``lr h^(1-p)`` and noise gain ``lr h^-p`` (broadcastable arrays).
         momentum: heavy-ball / Nesterov coefficient mu (ignored for ``sgd``).
         ema_decay: gamma of an EMA of iterates ``x_ema' = gamma x_ema + (1 - gamma) x'``, or None.
@@ -91,22 +69,7 @@ def linear_update(base: str, z, a, momentum=0.0, ema_decay=None):
         vector e with evaluated iterate ``e . w``; ``init`` is f with ``w_0 = f x_0``.
     """
     one = np.ones_like(z)
-    if base == "sgd":
-        A = [[1.0 - z]]
-        b = [-a]
-        readout, init = [1.0], [1.0]
-    elif base == "momentum":
-        # v' = mu v - z x - a eps ; x' = x + v'
-        A = [[1.0 - z, momentum * one], [-z, momentum * one]]
-        b = [-a, -a]
-        readout, init = [1.0, 0.0], [1.0, 0.0]
-    elif base == "nesterov":
-        # gradient at the look-ahead x + mu v:  v' = mu v - z (x + mu v) - a eps ; x' = x + v'
-        A = [[1.0 - z, momentum * (1.0 - z)], [-z, momentum * (1.0 - z)]]
-        b = [-a, -a]
-        readout, init = [1.0, 0.0], [1.0, 0.0]
-    else:  # pragma: no cover - guarded by Algorithm
-        raise unknown_name_error("optimizer", base, ("sgd", "momentum", "nesterov"))
+    A, b, readout, init = get_base_update(base).linear(z, a, momentum, one)
     if ema_decay is None:
         return A, b, readout, init
     # EMA wrapper: x_ema' = gamma x_ema + (1 - gamma) x', with x' the first row of the base update.
@@ -229,8 +192,8 @@ def moment_recurrence(
     T = T[:, :, :, None, :]
     g = g[:, :, None, :]
     if notebook_fudge:
-        if algorithm.name != "sgd":
-            raise BatchlabError("the notebook's 1e-8 steady-state fudge applies to plain SGD only")
+        if not algorithm.entry.notebook_fudge:
+            raise BatchlabError(f"the notebook's 1e-8 steady-state fudge applies to {_fudge_names()} only")
         one_minus_beta = 1.0 - T[0, 0]
         g = g * one_minus_beta / (one_minus_beta + 1e-8)
     pairs = _pairs(len(e))
@@ -241,6 +204,10 @@ def moment_recurrence(
         u0[r, 0, 0] = f[i] * f[j] * problem.initial_second_moment
         rho[r] = (1.0 if i == j else 2.0) * e[i] * e[j] * w
     return MomentRecurrence(T, g, u0, rho, shared)
+
+
+def _fudge_names() -> str:
+    return ", ".join(n for n in nqm_algorithm_names() if get_nqm_algorithm(n).notebook_fudge)
 
 
 def _distinct_combinations(z: np.ndarray, mu: np.ndarray, gamma: np.ndarray):

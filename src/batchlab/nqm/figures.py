@@ -15,8 +15,7 @@ import numpy as np
 
 from batchlab.nqm.dynamics import Algorithm, losses_at_steps, moment_recurrence
 from batchlab.nqm.problem import information_lower_bound, power_law, zhang2019_binned
-from batchlab.nqm.schedules import optimal_pwc_sgd
-from batchlab.nqm.tuning import tune
+from batchlab.nqm.tuning import tune, tune_pwc
 
 TARGETS = (0.1, 0.03, 0.01, 0.003, 0.001)
 PRECONDITIONS = (0.0, 0.25, 0.5, 0.75)
@@ -53,22 +52,10 @@ def _training_curves() -> dict:
 
 
 def _pwc(batch_sizes, pieces: int, p: float = 0.0) -> dict:
-    problem = zhang2019_binned()
-    constant = tune(problem, Algorithm("sgd", p), batch_sizes, TARGET, grid="official")
-    out = []
-    for point in constant:
-        upper = None if point.result.steps is None else -(-point.result.steps // pieces)
-        result = optimal_pwc_sgd(problem, p, point.batch_size, TARGET, pieces, upper_k=upper)
-        out.append(
-            {
-                "batch_size": int(point.batch_size),
-                "steps": result.steps,
-                "piece_length": result.piece_length,
-                "learning_rates": list(result.learning_rates),
-                "constant_steps": point.result.steps,
-            }
-        )
-    return {"pieces": pieces, "precondition": p, "target": TARGET, "points": out}
+    """The optimised ``pieces``-piece schedules per batch size (:func:`batchlab.nqm.tuning.tune_pwc`)."""
+    rows = tune_pwc(zhang2019_binned(), Algorithm("sgd", p), batch_sizes, TARGET, pieces)
+    keep = ("batch_size", "steps", "piece_length", "learning_rates", "constant_steps")
+    return {"pieces": pieces, "precondition": p, "target": TARGET, "points": [{k: row[k] for k in keep} for row in rows]}
 
 
 def _jobs() -> dict:

@@ -1,9 +1,10 @@
 """Monte Carlo simulation of the NQM's actual stochastic updates, to check the exact moment recurrences.
 
-The updates are written out directly from their definitions (not from the matrices of
-:mod:`batchlab.nqm.dynamics`), with ``x_0 ~ N(0, s0)`` and batch-gradient noise ``eps ~ N(0, c / B)``
-(numpy ``Generator``). Each entry of a binned problem is simulated as one direction and weighted by its
-count, which leaves the expected loss unchanged.
+The updates are written out directly from their definitions (each base update's ``sample`` in
+:mod:`batchlab.nqm.algorithms`, not the matrices of :mod:`batchlab.nqm.dynamics`), with
+``x_0 ~ N(0, s0)`` and batch-gradient noise ``eps ~ N(0, c / B)`` (numpy ``Generator``). Each entry of a
+binned problem is simulated as one direction and weighted by its count, which leaves the expected loss
+unchanged.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def simulate_losses(
     steps = np.asarray(sorted(set(int(s) for s in steps)), dtype=np.int64)
     if steps.size == 0 or steps[0] < 0:
         raise BatchlabError("steps must be a non-empty list of integers >= 0")
-    if algorithm.uses_momentum:
-        mu = float(check_momentum(0.0 if momentum is None else momentum))
+    mu = float(check_momentum(0.0 if momentum is None else momentum)) if algorithm.uses_momentum else None
+    sample = algorithm.update.sample  # the base update, written out on samples (batchlab.nqm.algorithms)
     if algorithm.uses_ema:
         gamma = float(check_momentum(0.0 if ema_decay is None else ema_decay, "EMA decay"))
     rng = np.random.default_rng(seed)
@@ -76,14 +77,7 @@ def simulate_losses(
     for target in steps:
         while t < target:
             eps = rng.standard_normal(x.shape) * noise_sd
-            if algorithm.base == "sgd":
-                x = x - gain * (h * x + eps)
-            elif algorithm.base == "momentum":
-                v = mu * v - gain * (h * x + eps)
-                x = x + v
-            else:  # nesterov
-                v = mu * v - gain * (h * (x + mu * v) + eps)
-                x = x + v
+            x, v = sample(x, v, gain, h, eps, mu)
             if algorithm.uses_ema:
                 x_ema = gamma * x_ema + (1.0 - gamma) * x
             t += 1

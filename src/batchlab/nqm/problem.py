@@ -15,6 +15,7 @@ Presets:
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +23,8 @@ import numpy as np
 
 from batchlab.errors import BatchlabError, unknown_name_error
 
-PRESETS = ("zhang2019", "zhang2019-binned")
+_PRESET_BUILDERS = {"zhang2019": lambda: zhang2019(), "zhang2019-binned": lambda: zhang2019_binned()}
+PRESETS = tuple(_PRESET_BUILDERS)
 
 
 @dataclass(frozen=True, eq=False)
@@ -190,11 +192,9 @@ def spectrum_from_file(path: str | Path) -> Problem:
 
 def preset(name: str) -> Problem:
     """A named preset (``zhang2019`` or ``zhang2019-binned``)."""
-    if name == "zhang2019":
-        return zhang2019()
-    if name == "zhang2019-binned":
-        return zhang2019_binned()
-    raise unknown_name_error("preset", name, PRESETS)
+    if name not in _PRESET_BUILDERS:
+        raise unknown_name_error("preset", name, PRESETS)
+    return _PRESET_BUILDERS[name]()
 
 
 def information_lower_bound(problem: Problem, target: float, batch_size) -> np.ndarray:
@@ -205,3 +205,43 @@ def information_lower_bound(problem: Problem, target: float, batch_size) -> np.n
 def _check_dimension(dimension: int) -> None:
     if int(dimension) != dimension or dimension < 1:
         raise BatchlabError(f"dimension must be a positive integer, got {dimension}")
+
+
+def select_problem(
+    preset_name: str = "zhang2019-binned",
+    power_law_exponents: str | tuple[float, float] | None = None,
+    dim: int | None = None,
+    spectrum: str | Path | None = None,
+) -> Problem:
+    """The problem chosen by ``batchlab nqm``'s problem options: a power law (``"A,B"`` or ``(A, B)`` with
+    ``dim``), else a spectrum file, else the named preset. At most one of ``power_law_exponents`` and
+    ``spectrum``; ``dim`` only with a power law. Bad combinations are one-line errors naming the options."""
+    chosen = [name for name, value in (("--power-law", power_law_exponents), ("--spectrum", spectrum)) if value is not None]
+    if len(chosen) > 1:
+        raise BatchlabError("give at most one of --power-law and --spectrum")
+    if power_law_exponents is not None:
+        try:
+            parts = power_law_exponents.split(",") if isinstance(power_law_exponents, str) else power_law_exponents
+            a, b = (float(v) for v in parts)
+        except (TypeError, ValueError):
+            raise BatchlabError(f"--power-law must be 'A,B' (two numbers), got {power_law_exponents!r}") from None
+        if dim is None:
+            raise BatchlabError("--power-law needs --dim D")
+        return power_law(a, b, dim)
+    if dim is not None:
+        raise BatchlabError("--dim only applies with --power-law")
+    if spectrum is not None:
+        return spectrum_from_file(spectrum)
+    return preset(preset_name)
+
+
+@contextmanager
+def fits_in_memory(problem: Problem):
+    """Context manager: running out of memory on a too-large ``problem`` becomes a one-line user error."""
+    try:
+        yield
+    except MemoryError:
+        raise BatchlabError(
+            f"problem {problem.name!r} ({problem.curvature.size} eigenvalues) needs more memory than this machine has; "
+            "use a smaller --dim or a binned --spectrum"
+        ) from None

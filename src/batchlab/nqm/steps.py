@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from batchlab.errors import BatchlabError
+from batchlab.nqm.algorithms import get_nqm_algorithm
 from batchlab.nqm.dynamics import (
     MomentRecurrence,
     PowerLevels,
@@ -39,9 +40,6 @@ from batchlab.nqm.dynamics import (
     select_table,
 )
 
-OFFICIAL_HIGH = {"sgd": 10**9, "momentum": 10**7, "pwc": 10**8}
-"""The official notebook's bisection upper bounds (``high``); a search returns ``high - 1`` for "never"."""
-
 DENSE_CERTIFY_LIMIT = 50_000_000
 """Largest candidate certified by dense evaluation (beyond it the result is marked ``uncertified``)."""
 
@@ -50,8 +48,9 @@ TABLE_ELEMENTS = 25_000_000
 
 
 def default_max_steps(optimizer: str) -> int:
-    """Default step budget: the official ``high`` minus one (10^9 - 1 for SGD, 10^7 - 1 otherwise)."""
-    return (OFFICIAL_HIGH["sgd"] if optimizer == "sgd" else OFFICIAL_HIGH["momentum"]) - 1
+    """Default step budget of a registered NQM algorithm: the official ``high`` minus one (10^9 - 1 for SGD,
+    10^7 - 1 otherwise; :attr:`batchlab.nqm.algorithms.NQMAlgorithm.official_high`)."""
+    return get_nqm_algorithm(optimizer).default_max_steps
 
 
 @dataclass(frozen=True)
@@ -82,10 +81,11 @@ class StepsResult:
 
 
 def official_low(steps: int | None, optimizer: str = "sgd") -> int | None:
-    """``steps - 1``, clamped to ``>= 1`` for SGD as the notebook does."""
+    """``steps - 1``, clamped to ``>= 1`` where the notebook does (SGD:
+    :attr:`batchlab.nqm.algorithms.NQMAlgorithm.clamp_official_low`)."""
     if steps is None:
         return None
-    return max(steps - 1, 1) if optimizer == "sgd" else steps - 1
+    return max(steps - 1, 1) if get_nqm_algorithm(optimizer).clamp_official_low else steps - 1
 
 
 def check_target(target: float, initial_loss: float) -> float:

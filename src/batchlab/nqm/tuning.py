@@ -2,7 +2,8 @@
 
 Grids (docs/methods.md, "Tuning per batch size"):
 
-* ``official``: exactly the notebook's grids. SGD: ``lr in logspace(-5, 0.5, 100)``; momentum, Nesterov
+* ``official``: exactly the notebook's grids, each declared in its algorithm's registry entry
+  (:attr:`batchlab.nqm.algorithms.NQMAlgorithm.grid`). SGD: ``lr in logspace(-5, 0.5, 100)``; momentum, Nesterov
   and EMA: ``lr in logspace(-8, 1, 100)`` x ``{1 - 10^(-5 + 5 j / 19) : j = 0..19}``. Ties go to the first
   strictly better point, learning rate in the outer loop, the second hyperparameter inner (``argmin`` of
   the flattened grid). ``momentum+ema`` / ``nesterov+ema`` have no official grid; batchlab uses the momentum
@@ -13,6 +14,9 @@ Grids (docs/methods.md, "Tuning per batch size"):
 
 Every grid point's steps come from binary-lifting candidates (exact when the loss is monotone; upper
 bounds otherwise); the winner at each batch size is then certified exactly (:mod:`batchlab.nqm.steps`).
+
+Schedules: :func:`tune_pwc` (the optimised K-piece schedule on top of the constant-LR optimum) and
+:func:`tune_scheduled` (linear and cosine decay) tune per batch size too.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from batchlab.errors import BatchlabError, unknown_name_error
+from batchlab.nqm.algorithms import EMA_GRID_WITH_MOMENTUM, SECOND_GRID, get_nqm_algorithm, nqm_algorithm_names
 from batchlab.nqm.dynamics import Algorithm, losses_at_steps, moment_recurrence
 from batchlab.nqm.problem import Problem
 from batchlab.nqm.steps import (
@@ -35,20 +40,12 @@ from batchlab.nqm.steps import (
 )
 
 GRIDS = ("official", "auto")
-SECOND_GRID = 1.0 - 10.0 ** (-5.0 + 5.0 * np.arange(20) / 19.0)
-EMA_GRID_WITH_MOMENTUM = np.array([0.0, 0.9, 0.99, 0.999, 0.9999])
 
 
 def official_grid(algorithm: Algorithm) -> dict[str, np.ndarray]:
-    """The grid axes: ``learning_rate`` and, where used, ``momentum`` and ``ema_decay`` (outer to inner)."""
-    if algorithm.name == "sgd":
-        return {"learning_rate": np.logspace(-5, 0.5, 100)}
-    axes = {"learning_rate": np.logspace(-8, 1, 100)}
-    if algorithm.uses_momentum:
-        axes["momentum"] = SECOND_GRID.copy()
-    if algorithm.uses_ema:
-        axes["ema_decay"] = SECOND_GRID.copy() if not algorithm.uses_momentum else EMA_GRID_WITH_MOMENTUM.copy()
-    return axes
+    """The grid axes: ``learning_rate`` and, where used, ``momentum`` and ``ema_decay`` (outer to inner),
+    as the algorithm's registry entry declares them (:attr:`batchlab.nqm.algorithms.NQMAlgorithm.grid`)."""
+    return algorithm.entry.grid()
 
 
 @dataclass(frozen=True)
@@ -143,8 +140,8 @@ def tune(
     points = _mesh(axes)
     rec = _recurrence(problem, algorithm, points, notebook_fudge)
     search_budget = max_steps
-    if algorithm.name != "sgd":
-        # The grids contain momentum = 0 and decay = 0, i.e. plain SGD on the same learning rates; SGD's
+    if len(axes) > 1 and all(np.any(values == 0.0) for name, values in axes.items() if name != "learning_rate"):
+        # The grid contains momentum = 0 and decay = 0, i.e. plain SGD on the same learning rates; SGD's
         # best candidate bounds the answer, so the search needs no larger budget (fewer power levels).
         sgd = moment_recurrence(problem, Algorithm("sgd", algorithm.precondition), axes["learning_rate"])
         _, sgd_best = best_candidates(sgd, batch_sizes, target, max_steps)
@@ -213,7 +210,18 @@ def check_grid(grid: str) -> str:
     return grid
 
 
-__all__ = ["GRIDS", "TunedPoint", "official_grid", "tune", "steps_curve", "check_grid", "BatchlabError"]
+__all__ = [
+    "EMA_GRID_WITH_MOMENTUM",
+    "GRIDS",
+    "SECOND_GRID",
+    "TunedPoint",
+    "check_grid",
+    "official_grid",
+    "steps_curve",
+    "tune",
+    "tune_pwc",
+    "tune_scheduled",
+]
 
 
 def tune_scheduled(
@@ -290,3 +298,61 @@ def tune_scheduled(
             }
         )
     return out
+
+
+def tune_pwc(
+    problem: Problem,
+    algorithm: Algorithm,
+    batch_sizes,
+    target: float,
+    pieces: int,
+    max_steps: int | None = None,
+) -> list[dict]:
+    """Tune the optimised ``pieces``-piece learning-rate schedule per batch size (docs/methods.md,
+    "Learning-rate schedules"); the ``pwc:K`` schedule of ``batchlab nqm sweep`` and the PWC figures.
+
+    Per batch size: the constant-LR optimum on the official grid first (:func:`tune`), then
+    :func:`batchlab.nqm.schedules.optimal_pwc_sgd` with the constant-LR steps, split over the pieces
+    (rounded up), as the upper bracket on the piece length (a PWC schedule can imitate a constant one).
+    ``max_steps`` bounds the whole schedule: ``pieces * piece_length <= max_steps`` (None: the
+    algorithm's default budget for the constant-LR search and ``10^8`` per piece). Only algorithms whose
+    registry entry has ``pwc`` (plain SGD, any p) are supported.
+
+    Returns JSON-ready dicts, one per batch size (input order): ``batch_size``, ``steps`` (``pieces *
+    piece_length``, None if not reached), ``reached``, ``official_low``, ``learning_rate`` (the first
+    piece's), ``learning_rates``, ``piece_length``, ``momentum``/``ema_decay`` (None), ``final_loss``,
+    ``schedule`` (``pwc:K``), ``constant_steps`` and ``certified`` (``local-optimum``: the optimiser is
+    local, so steps are an upper bound on the best K-piece schedule).
+    """
+    from batchlab.nqm.schedules import optimal_pwc_sgd
+
+    if not algorithm.entry.pwc:
+        supported = ", ".join(n for n in nqm_algorithm_names() if get_nqm_algorithm(n).pwc)
+        raise BatchlabError(f"schedule pwc:K is implemented for --optimizer {supported} only, got {algorithm.name!r}")
+    constant = tune(problem, algorithm, batch_sizes, target, grid="official", max_steps=max_steps)
+    # --max-steps bounds the whole schedule: pieces * piece_length <= max_steps
+    limit = {} if max_steps is None else {"max_piece_length": max_steps // pieces}
+    rows = []
+    for point in constant:
+        upper = None if point.result.steps is None else -(-point.result.steps // pieces)
+        if upper is not None and limit:
+            upper = min(upper, limit["max_piece_length"])
+        res = optimal_pwc_sgd(problem, algorithm.precondition, point.batch_size, target, pieces, upper_k=upper, **limit)
+        rows.append(
+            {
+                "batch_size": _as_int(point.batch_size),
+                "steps": res.steps,
+                "reached": res.reached,
+                "official_low": None if res.steps is None else res.steps - 1,
+                "learning_rate": res.learning_rates[0],
+                "learning_rates": list(res.learning_rates),
+                "piece_length": res.piece_length,
+                "momentum": None,
+                "ema_decay": None,
+                "final_loss": res.final_loss,
+                "schedule": f"pwc:{pieces}",
+                "constant_steps": point.result.steps,
+                "certified": "local-optimum",
+            }
+        )
+    return rows

@@ -1,24 +1,13 @@
 """A training algorithm: optimizer + learning-rate schedule + optional weight EMA, one ``step`` per update.
 
-Update rules (docs/methods.md, "Optimizers, schedules and search spaces", the release's TF1 ``MomentumOptimizer`` convention), all from torch.optim
-unless noted; ``g`` is the minibatch gradient (plus ``weight_decay * theta`` when set, L2 style):
-
-* ``sgd``: ``theta <- theta - eta g`` (``torch.optim.SGD``).
-* ``momentum`` (heavy ball): ``v <- gamma v + g``, ``theta <- theta - eta v``: ``torch.optim.SGD``
-  with ``dampening=0`` implements exactly this (its buffer starts at ``v = g``, the same as
-  ``v = 0`` followed by one update). The effective learning rate is ``eta / (1 - gamma)``.
-* ``nesterov``: ``v <- gamma v + g``, ``theta <- theta - eta (g + gamma v)``
-  (``torch.optim.SGD(nesterov=True, dampening=0)``).
-* ``adam``: ``torch.optim.Adam`` with ``betas=(beta1, beta2)``, ``eps=epsilon``.
-* ``kfac``: the heavy-ball update above on the K-FAC preconditioned gradient
-  (:mod:`batchlab.optim.kfac`, factors from curvlinops).
-* ``lars``: ``pytorch_optimizer.LARS`` (heavy-ball momentum, per-layer rate
-  ``trust_coefficient |w| / |g|``; scalars and vectors take plain SGD steps).
-* ``lamb``: ``pytorch_optimizer.Lamb`` (Adam direction, per-layer trust ratio ``|w| / |update|``,
-  decoupled weight decay).
+The optimizer comes from its registry entry (:mod:`batchlab.optim.registry`; the update rules of the
+built-ins are in :mod:`batchlab.optim.builtin`): ``entry.build(params, hyperparameters)`` over the
+model's trainable parameters, and, when the entry has one, its ``preconditioner`` (K-FAC), which
+rewrites the gradients before each optimizer step.
 
 Steps count updates; ``steps_taken`` is the number of updates so far, and the learning rate of the
-next update is ``learning_rate * multiplier(steps_taken)`` (:mod:`batchlab.optim.schedules`).
+next update is ``learning_rate * multiplier(steps_taken)`` (:mod:`batchlab.optim.schedules`), applied
+to every parameter group's own base rate.
 """
 
 from __future__ import annotations
@@ -30,37 +19,12 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
-from batchlab.errors import BatchlabError, unknown_name_error
-from batchlab.optim.hyperparameters import OPTIMIZER_DEFAULTS, resolve_hyperparameters
-from batchlab.optim.kfac import KfacPreconditioner
+from batchlab.errors import BatchlabError
+from batchlab.optim.hyperparameters import resolve_hyperparameters
+from batchlab.optim.registry import get_optimizer
 from batchlab.optim.schedules import multiplier_function
 
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def _torch_optimizer(name: str, params: list[nn.Parameter], h: dict) -> torch.optim.Optimizer:
-    """The torch optimizer for ``name`` with base learning rate ``h["learning_rate"]``."""
-    lr, wd = h["learning_rate"], h["weight_decay"]
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, weight_decay=wd)
-    if name in ("momentum", "kfac"):
-        return torch.optim.SGD(params, lr=lr, momentum=h["momentum"], dampening=0.0, weight_decay=wd)
-    if name == "nesterov":
-        return torch.optim.SGD(
-            params, lr=lr, momentum=h["momentum"], dampening=0.0, nesterov=True, weight_decay=wd
-        )
-    if name == "adam":
-        return torch.optim.Adam(
-            params, lr=lr, betas=(h["beta1"], h["beta2"]), eps=h["epsilon"], weight_decay=wd
-        )
-    from pytorch_optimizer import LARS, Lamb
-
-    if name == "lars":
-        return LARS(
-            params, lr=lr, momentum=h["momentum"], dampening=0.0,
-            trust_coefficient=h["trust_coefficient"], weight_decay=wd,
-        )
-    return Lamb(params, lr=lr, betas=(h["beta1"], h["beta2"]), eps=h["epsilon"], weight_decay=wd)
 
 
 class TrainingAlgorithm:
@@ -77,8 +41,8 @@ class TrainingAlgorithm:
         loss_fn: LossFunction,
         hyperparameters: dict,
         total_steps: int | None = None,
-        kfac_fisher_type: str = "mc",
         seed: int = 0,
+        preconditioner_options: dict | None = None,
     ):
         self.name = name
         self.model = model
@@ -90,13 +54,11 @@ class TrainingAlgorithm:
         if not params:
             raise BatchlabError("the model has no trainable parameters")
         h = hyperparameters
-        self.optimizer = _torch_optimizer(name, params, h)
-        self._kfac = None
-        if name == "kfac":
-            self._kfac = KfacPreconditioner(
-                model, damping=h["damping"], factor_decay=h["factor_decay"],
-                inverse_update_period=h["inverse_update_period"], fisher_type=kfac_fisher_type, seed=seed,
-            )
+        entry = get_optimizer(name)
+        self.optimizer = entry.build(params, h)
+        self._preconditioner = None
+        if entry.preconditioner is not None:
+            self._preconditioner = entry.preconditioner(model, h, seed, **(preconditioner_options or {}))
         decay_steps = h["learning_rate_decay_steps"]
         if decay_steps is None and h["end_learning_rate_factor"] is not None:
             if total_steps is None:
@@ -128,13 +90,13 @@ class TrainingAlgorithm:
         logits = self.model(x)
         loss = self.loss_fn(logits, y)
         loss.backward()
-        if self._kfac is not None:
+        if self._preconditioner is not None:
             value = loss.item()
             # A diverged model (non-finite loss) gets no curvature update: the Fisher's sampled
             # labels and the factor inverses are undefined there. The trainer sees the loss.
             if math.isfinite(value):
-                self._kfac.update(x, y, logits.shape)
-                self._kfac.precondition()
+                self._preconditioner.update(x, y, logits.shape)
+                self._preconditioner.precondition()
         self.optimizer.step()
         if self._scheduler is not None:
             self._scheduler.step()
@@ -176,12 +138,11 @@ def build_training_algorithm(
 ) -> TrainingAlgorithm:
     """The :class:`TrainingAlgorithm` for optimizer ``name`` on ``model``.
 
-    ``hyperparameters`` override :func:`optimizer_defaults`; unknown names or bad values raise a
-    one-line BatchlabError. ``total_steps`` (the trial's budget) is the decay length when
+    ``hyperparameters`` override :func:`optimizer_defaults`; an unknown optimizer (not in the
+    registry), unknown hyperparameter names or bad values raise a one-line BatchlabError. ``total_steps`` (the trial's budget) is the decay length when
     ``end_learning_rate_factor`` is given without ``learning_rate_decay_steps``.
     """
-    if name not in OPTIMIZER_DEFAULTS:
-        raise unknown_name_error("optimizer", name, OPTIMIZER_DEFAULTS)
+    get_optimizer(name)  # unknown name: one-line error before anything else
     if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1):
         raise BatchlabError(f"total_steps must be an integer >= 1, got {total_steps!r}")
     resolved = resolve_hyperparameters(name, hyperparameters)

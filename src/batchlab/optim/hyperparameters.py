@@ -1,9 +1,13 @@
-"""Optimizer names, their hyperparameters with defaults, and validation of user-given values.
+"""Hyperparameters: the shared names with their allowed values, and validation of user-given values.
 
-Names follow the Shallue et al. release where it has one. Every optimizer also takes the schedule and
-trainer hyperparameters: ``learning_rate_decay_steps`` and ``end_learning_rate_factor`` (linear decay;
-both absent = constant), ``warmup_steps``, ``label_smoothing`` (applied by the trainer through the
-workload's loss; accepted and checked here) and ``ema_decay`` (absent = no weight averaging).
+Each optimizer declares its own hyperparameters and defaults in its registry entry
+(:mod:`batchlab.optim.registry`); the rules for the names shared by several optimizers are here
+(:data:`RULES`), an entry adds rules for names of its own. Names follow the Shallue et al. release
+where it has one. Every optimizer also takes the common hyperparameters (:data:`COMMON_DEFAULTS`):
+``weight_decay`` (coupled or decoupled as the optimizer implements it; docs/methods.md),
+``learning_rate_decay_steps`` and ``end_learning_rate_factor`` (linear decay; both absent = constant),
+``warmup_steps``, ``label_smoothing`` (applied by the trainer through the workload's loss; accepted
+and checked here) and ``ema_decay`` (absent = no weight averaging).
 A default of ``None`` means "off".
 """
 
@@ -47,6 +51,8 @@ _NON_NEGATIVE = Rule(0.0, math.inf)
 _UNIT_OPEN = Rule(0.0, 1.0, high_open=True)  # [0, 1)
 _COUNT = Rule(1.0, math.inf, integer=True)
 
+#: The allowed values of the hyperparameter names several optimizers share (an entry's own ``rules``
+#: add names, or narrow one of these for that optimizer).
 RULES: dict[str, Rule] = {
     "learning_rate": _POSITIVE,
     "momentum": _UNIT_OPEN,
@@ -74,57 +80,45 @@ COMMON_DEFAULTS: dict[str, float | int | None] = {
     "ema_decay": None,
 }
 
-OPTIMIZER_DEFAULTS: dict[str, dict[str, float | int]] = {
-    "sgd": {"learning_rate": 0.1},
-    "momentum": {"learning_rate": 0.01, "momentum": 0.9},
-    "nesterov": {"learning_rate": 0.01, "momentum": 0.9},
-    "adam": {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8},
-    "kfac": {
-        "learning_rate": 0.1, "momentum": 0.9, "damping": 0.1,
-        "factor_decay": 0.95, "inverse_update_period": 10,
-    },
-    "lars": {"learning_rate": 1.0, "momentum": 0.9, "trust_coefficient": 1e-3},
-    "lamb": {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-6},
-}
-
 #: The largest float32 (``torch.finfo(torch.float32).max``): larger hyperparameters overflow in torch.
 FLOAT32_MAX = 3.4028234663852886e38
 
-INTEGER_NAMES = frozenset(name for name, rule in RULES.items() if rule.integer)
-
-
-def optimizer_names() -> list[str]:
-    """The optimizer names: sgd, momentum, nesterov, adam, kfac, lars, lamb."""
-    return list(OPTIMIZER_DEFAULTS)
-
 
 def optimizer_defaults(name: str) -> dict:
-    """Every hyperparameter ``name`` accepts, with its default (``None`` = off). JSON-ready."""
-    if name not in OPTIMIZER_DEFAULTS:
-        raise unknown_name_error("optimizer", name, OPTIMIZER_DEFAULTS)
-    return {**OPTIMIZER_DEFAULTS[name], **COMMON_DEFAULTS}
+    """Every hyperparameter optimizer ``name`` accepts, with its default (``None`` = off). JSON-ready.
+
+    Its own hyperparameters (in the order its :class:`batchlab.optim.OptimizerEntry` declares them),
+    then :data:`COMMON_DEFAULTS`. Unknown ``name``: one-line BatchlabError suggesting the closest.
+    """
+    from batchlab.optim.registry import get_optimizer
+
+    return get_optimizer(name).all_defaults()
 
 
 def resolve_hyperparameters(name: str, hyperparameters: dict | None) -> dict:
     """Defaults of optimizer ``name`` overridden by ``hyperparameters``, every value checked.
 
-    Integer-valued hyperparameters come back as ``int`` (``1000.0`` is accepted as 1000). A value of
-    ``None`` means "off" only for hyperparameters whose default is ``None``. BatchlabError (one line,
-    naming the allowed values) for an unknown name or a bad value.
+    Each value is checked against the optimizer's rule for that name (its entry's ``rules``, else
+    :data:`RULES`). Integer-valued hyperparameters come back as ``int`` (``1000.0`` is accepted as
+    1000). A value of ``None`` means "off" only for hyperparameters whose common default is ``None``.
+    BatchlabError (one line, naming the allowed values) for an unknown optimizer, an unknown
+    hyperparameter or a bad value.
     """
-    resolved = optimizer_defaults(name)
+    from batchlab.optim.registry import get_optimizer
+
+    entry = get_optimizer(name)
+    resolved = entry.all_defaults()
     for key, value in (hyperparameters or {}).items():
         if key not in resolved:
             raise unknown_name_error(f"hyperparameter for {name}", str(key), resolved)
-        resolved[key] = _checked_value(key, value, may_be_off=COMMON_DEFAULTS.get(key, 0) is None)
+        resolved[key] = _checked_value(key, value, entry.rule(key), may_be_off=COMMON_DEFAULTS.get(key, 0) is None)
     if resolved["end_learning_rate_factor"] is not None or resolved["learning_rate_decay_steps"] is not None:
         if resolved["end_learning_rate_factor"] is None:
             resolved["end_learning_rate_factor"] = 0.0
     return resolved
 
 
-def _checked_value(key: str, value: object, may_be_off: bool) -> float | int | None:
-    rule = RULES[key]
+def _checked_value(key: str, value: object, rule: Rule, may_be_off: bool) -> float | int | None:
     if value is None and may_be_off:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):

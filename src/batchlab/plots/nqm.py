@@ -31,16 +31,20 @@ FIGURES = (
 
 
 def figure_directory(out_dir: str | Path) -> Path:
-    """``out_dir`` as a Path, created (with parents) if missing.
+    """``out_dir`` as a Path, created if missing; its parent directory must exist.
 
-    Raises :class:`BatchlabError` (one line) when it cannot be a directory: a file is in the way or it
+    Raises :class:`BatchlabError` (one line) when it cannot be a directory: a file is in the way, its
+    parent directory does not exist (a mistyped path is an error, never a silently created tree), or it
     cannot be created.
     """
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise BatchlabError(f"figure directory {str(out)!r} is a file, not a directory")
+    if not out.parent.is_dir():
+        raise BatchlabError(f"figure directory {str(out)!r}: the directory {str(out.parent)!r} does not exist "
+                            "(create it first)")
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        out.mkdir(exist_ok=True)
     except OSError as exc:
         raise BatchlabError(f"cannot use {str(out)!r} as the figure directory: {exc.strerror or exc}") from None
     return out

@@ -51,7 +51,6 @@ from batchlab.errors import BatchlabError
 from batchlab.store.schema import RELEASE_STATUSES, SCHEMAS, STATUSES
 from batchlab.store.studies import check_definition, make_study_definition, study_id
 from batchlab.store.writer import study_row
-from batchlab.store.maintenance import write_measurements_file
 from batchlab.store.store import Store
 
 SOURCE = "batch_science"
@@ -324,9 +323,9 @@ def _long_rows(workload: str, batch_size: int, names: tuple[str, ...], table: pa
                trial_ids: np.ndarray) -> list[pa.Table]:
     """Wide measurement rows (one per trial and step) -> long rows (one per non-empty value),
     as one table per metric, each sorted by (trial_id, step), so the import can write files in
-    :data:`batchlab.store.maintenance.MEASUREMENT_ORDER`."""
+    :data:`batchlab.store.schema.MEASUREMENT_ORDER`."""
     steps = table.column("step").combine_chunks().to_numpy(zero_copy_only=False)
-    # (trial_id, step) order within the study: the tail of maintenance.MEASUREMENT_ORDER
+    # (trial_id, step) order within the study: the tail of schema.MEASUREMENT_ORDER
     order = np.lexsort((steps, trial_ids))
     if not np.all(order[1:] > order[:-1]):
         table, trial_ids, steps = table.take(order), trial_ids[order], steps[order]
@@ -524,10 +523,10 @@ def _import_batch(root: str, claim_id: str, studies: list[StudyDir], published: 
     def flush() -> None:
         nonlocal pending, pending_rows
         if pending_rows:
-            # files sorted by maintenance.MEASUREMENT_ORDER: a row group spans few (workload, metric)
+            # files sorted by schema.MEASUREMENT_ORDER: a row group spans few (workload, metric)
             # pairs, so a query's filter on them skips the others' row groups (min/max statistics)
             ordered = sorted(pending, key=_segment_key)
-            out.files.append(write_measurements_file(store, pa.concat_tables(ordered)))
+            out.files.append(store.write_data_file("measurements", pa.concat_tables(ordered), presorted=True))
         pending, pending_rows = [], 0
 
     try:

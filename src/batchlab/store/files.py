@@ -18,9 +18,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchlab.atomic import TMP_PREFIX, temporary_path, write_path_atomic, write_stream_atomic
+from batchlab.store.schema import SCHEMAS, parquet_options, row_group_rows, sort_measurements
 
 __all__ = [
-    "TMP_PREFIX", "temporary_path", "write_bytes_atomic", "write_parquet_atomic", "fsync_directory", "exclusive_lock",
+    "TMP_PREFIX", "temporary_path", "write_bytes_atomic", "write_data_table", "fsync_directory",
+    "exclusive_lock",
 ]
 
 
@@ -29,11 +31,16 @@ def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None
     write_stream_atomic(path, lambda handle: handle.write(data), durable=durable)
 
 
-def write_parquet_atomic(table: pa.Table, path: Path, *, row_group_size: int = 1 << 20,
-                         compression: str = "zstd", use_dictionary: bool | list[str] = True) -> None:
-    """Write an Arrow table to ``path`` as Parquet, atomically and durably."""
-    write_path_atomic(path, lambda tmp: pq.write_table(table, tmp, compression=compression,
-                                                       row_group_size=row_group_size, use_dictionary=use_dictionary))
+def write_data_table(name: str, table: pa.Table, path: Path, *, presorted: bool = False) -> None:
+    """Write rows of store table ``name`` to ``path`` as Parquet in the table's one layout
+    (:func:`batchlab.store.schema.parquet_options`, :func:`~batchlab.store.schema.row_group_rows`;
+    measurements sorted by :data:`~batchlab.store.schema.MEASUREMENT_ORDER` unless the caller says
+    they already are), cast to the table's on-disk schema, atomically and durably."""
+    if name == "measurements" and not presorted:
+        table = sort_measurements(table)
+    table = table.cast(SCHEMAS[name])
+    write_path_atomic(path, lambda tmp: pq.write_table(table, tmp, row_group_size=row_group_rows(name),
+                                                       **parquet_options(name)))
 
 
 def fsync_directory(directory: Path) -> None:

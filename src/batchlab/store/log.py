@@ -30,10 +30,9 @@ from pathlib import Path
 
 from batchlab.errors import BatchlabError
 from batchlab.store.files import exclusive_lock, fsync_directory, write_bytes_atomic
-from batchlab.store.schema import TABLES
+from batchlab.store.schema import LOCK_FILE, LOG_DIR, TABLES
 
-LOG_DIR = "log"
-LOCK_FILE = "_lock"
+__all__ = ["LOCK_FILE", "LOG_DIR", "CommitPlan", "StoreState", "commit", "read_state"]
 
 
 @dataclass

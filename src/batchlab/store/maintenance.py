@@ -8,10 +8,13 @@ were retired more than ``grace_seconds`` ago, so a reader that opened its views 
 working. Uncommitted files are deleted only when the process that wrote them is gone (its claim is
 no longer locked), so a running import or trial writer never loses a file.
 
-Measurements files written by the release import and by compaction share one layout
-(:func:`write_measurements_file`): rows sorted by :data:`MEASUREMENT_ORDER` and row groups of
-:data:`MEASUREMENT_ROW_GROUP_ROWS` rows, so each row group spans few (workload, metric) pairs and a
-query filtering on them skips the rest through the row groups' min/max statistics.
+Every data file, whoever writes it (the trial writer, the table and release imports, compaction),
+has its table's one Parquet layout (:func:`batchlab.store.schema.parquet_options`): measurements
+rows sorted by :data:`~batchlab.store.schema.MEASUREMENT_ORDER` in row groups of
+:data:`~batchlab.store.schema.MEASUREMENT_ROW_GROUP_ROWS` rows, so each row group spans few
+(workload, metric) pairs and a query filtering on them skips the rest through the row groups'
+min/max statistics. Compaction re-sorts merged measurements with DuckDB (bounded memory) and writes
+them with the same options.
 """
 
 from __future__ import annotations
@@ -36,26 +39,26 @@ from batchlab.store.files import (
     exclusive_lock,
     fsync_directory,
 )
-from batchlab.store.log import LOCK_FILE, LOG_DIR, CommitPlan, StoreState, commit, read_state
-from batchlab.store.schema import SCHEMAS, STATUSES, TABLES, conform
-from batchlab.store.store import DATA_DIR, PENDING_DIR, Store
+from batchlab.store.log import CommitPlan, StoreState, commit, read_state
+from batchlab.store.schema import (
+    DATA_DIR,
+    LOCK_FILE,
+    LOG_DIR,
+    MEASUREMENT_ORDER,
+    PENDING_DIR,
+    SCHEMAS,
+    STATUSES,
+    TABLES,
+    conform,
+    parquet_options,
+    row_group_rows,
+)
+from batchlab.store.store import Store
 from batchlab.store.studies import early_stopping
 
 MERGE_TARGET_ROWS = 16_000_000  # rows per merged measurements file
 SMALL_FILE_ROWS = 4_000_000  # measurements files below this are merged
-# The layout of measurements files: sort key and row-group size (rows). 64k-row groups keep the
-# per-group statistics narrow (a (workload, metric) pair of a large study spans several groups)
-# at a negligible metadata cost. Dictionary encoding of the sorted key columns turns their long
-# runs into RLE runs that are nearly free to decode; step (increasing within a trial) is
-# delta-encoded; value stays plain.
-MEASUREMENT_ORDER = ("workload", "metric", "batch_size", "trial_id", "step")
-MEASUREMENT_ROW_GROUP_ROWS = 1 << 16
 SORT_MEMORY_LIMIT = "1GB"  # DuckDB's memory for compaction's sort (it spills beyond)
-_MEASUREMENT_WRITE_OPTIONS = {
-    "compression": "snappy",
-    "use_dictionary": ["workload", "metric", "batch_size", "trial_id"],
-    "column_encoding": {"step": "DELTA_BINARY_PACKED"},
-}
 
 
 def study_summary(entry: dict) -> dict:
@@ -67,6 +70,7 @@ def study_summary(entry: dict) -> dict:
         "train_examples": d.get("train_examples"), "stop_rule": d.get("stop_rule"),
         "early_stopping": early_stopping(d),
         "evaluation": d.get("evaluation"), "seed": d.get("seed"),
+        "device": d.get("device", "cpu"),  # definitions of CPU trials have no device key
         "n_trials": entry["n_trials"], "statuses": entry["statuses"], "definition": d,
     }
 
@@ -101,13 +105,10 @@ def store_info(store: Store, workload: str | None = None) -> dict:
 
 def write_measurements_file(store: Store, table: pa.Table) -> str:
     """Write measurement rows already sorted by :data:`MEASUREMENT_ORDER` as a new, uncommitted
-    data file (atomically); returns its path relative to the store. The caller sorts (the import
-    builds its rows in order; :func:`_merge` sorts with DuckDB)."""
-    rel, path = store.new_data_path("measurements")
-    write_path_atomic(path, lambda tmp: pq.write_table(
-        table.cast(SCHEMAS["measurements"]), tmp, row_group_size=MEASUREMENT_ROW_GROUP_ROWS,
-        **_MEASUREMENT_WRITE_OPTIONS))
-    return rel
+    data file (atomically) in the measurements layout; returns its path relative to the store.
+    The caller sorts (the release import builds its rows in order); unsorted rows go through
+    ``store.write_data_file("measurements", table)``, which sorts them."""
+    return store.write_data_file("measurements", table, presorted=True)
 
 
 def _rows(path: Path) -> int:
@@ -146,13 +147,14 @@ def _merge(store: Store, name: str, group: list[str]) -> str:
     schema = SCHEMAS[name]
 
     def copy(tmp: Path) -> None:
-        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+        with pq.ParquetWriter(tmp, schema, **parquet_options(name)) as writer:
             for src in group:
                 reader = pq.ParquetFile(store.root / src)
                 for i in range(reader.num_row_groups):
                     # conform: a file from before study definitions gets null study_id/definition
                     # columns (the views fill them in exactly as for the unmerged file)
-                    writer.write_table(conform(reader.read_row_group(i), name), row_group_size=1 << 20)
+                    writer.write_table(conform(reader.read_row_group(i), name),
+                                       row_group_size=row_group_rows(name))
 
     write_path_atomic(path, copy)
     return rel
@@ -160,10 +162,11 @@ def _merge(store: Store, name: str, group: list[str]) -> str:
 
 def _write_sorted_measurements(store: Store, group: list[str], out: Path) -> None:
     """The rows of the measurements files ``group``, sorted by :data:`MEASUREMENT_ORDER`, into
-    ``out`` with row groups of exactly :data:`MEASUREMENT_ROW_GROUP_ROWS` rows (the last shorter).
+    ``out`` with row groups of exactly ``row_group_rows("measurements")`` rows (the last shorter).
 
     DuckDB sorts within :data:`SORT_MEMORY_LIMIT`, spilling to a temporary directory beyond it."""
     schema = SCHEMAS["measurements"]
+    group_rows = row_group_rows("measurements")
     paths = [str(store.root / rel) for rel in group]
     with tempfile.TemporaryDirectory(prefix="batchlab-sort-") as spill:
         con = duckdb.connect(config={"memory_limit": SORT_MEMORY_LIMIT, "temp_directory": spill})
@@ -173,22 +176,22 @@ def _write_sorted_measurements(store: Store, group: list[str], out: Path) -> Non
                 f"SELECT {', '.join(schema.names)} FROM read_parquet($files) "
                 f"ORDER BY {', '.join(MEASUREMENT_ORDER)}",
                 {"files": paths},
-            ).to_arrow_reader(MEASUREMENT_ROW_GROUP_ROWS)
-            with pq.ParquetWriter(out, schema, **_MEASUREMENT_WRITE_OPTIONS) as writer:
+            ).to_arrow_reader(group_rows)
+            with pq.ParquetWriter(out, schema, **parquet_options("measurements")) as writer:
                 batches, rows = [], 0
                 for batch in reader:
                     batches.append(batch)
                     rows += batch.num_rows
-                    if rows >= MEASUREMENT_ROW_GROUP_ROWS:  # write whole groups, carry the rest
+                    if rows >= group_rows:  # write whole groups, carry the rest
                         table = pa.Table.from_batches(batches)
-                        whole = rows - rows % MEASUREMENT_ROW_GROUP_ROWS
+                        whole = rows - rows % group_rows
                         writer.write_table(table.slice(0, whole).cast(schema),
-                                           row_group_size=MEASUREMENT_ROW_GROUP_ROWS)
+                                           row_group_size=group_rows)
                         rest = table.slice(whole)
                         batches, rows = rest.to_batches(), rest.num_rows
                 if batches:
                     writer.write_table(pa.Table.from_batches(batches).cast(schema),
-                                       row_group_size=MEASUREMENT_ROW_GROUP_ROWS)
+                                       row_group_size=group_rows)
         finally:
             con.close()
 

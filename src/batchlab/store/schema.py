@@ -1,4 +1,8 @@
-"""The four tables of a store: their Arrow schemas on disk and the DuckDB views over them.
+"""Every fact about a store's schema, in one module: statuses, table and column names, the Arrow
+schemas on disk and the DuckDB views over them, the directory layout and file names, the Parquet
+layout of every table, and the names of workloads (:func:`store_workload_name`, :func:`split_workload`).
+Every other module (the store, its writers, the analysis) takes these names from here; this module
+imports nothing else of the store.
 
 On disk every table is a set of immutable Parquet files. The views that readers see
 (``docs/internals.md``) have exactly these columns:
@@ -30,13 +34,45 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from batchlab.errors import BatchlabError, unknown_name_error
+
 #: Trial statuses. COMPLETE: ran its step budget; INCOMPLETE: stopped early for another reason (or
 #: unknown); INFEASIBLE: diverged (non-finite loss); STOPPED_AT_GOAL: stopped before its budget
 #: because an evaluation met its study's stop rule (``steps`` = updates actually run).
 STATUSES = ("COMPLETE", "INCOMPLETE", "INFEASIBLE", "STOPPED_AT_GOAL")
 #: The statuses of the batch_science release (metadata.json ``status``).
 RELEASE_STATUSES = ("COMPLETE", "INCOMPLETE", "INFEASIBLE")
+#: The statuses the analysis reads by default: trials that ran their step budget, and trials stopped
+#: early because an evaluation met their study's stop rule (their steps are the updates actually run).
+DEFAULT_ANALYSIS_STATUSES = ("COMPLETE", "STOPPED_AT_GOAL")
 TABLES = ("workloads", "studies", "trials", "measurements")
+
+
+def store_workload_name(workload: str, optimizer: str) -> str:
+    """The store's (and the release's) workload name ``dataset/model/optimizer`` of the registry
+    workload ``dataset/model`` trained with ``optimizer``."""
+    return f"{workload}/{optimizer}"
+
+
+def split_workload(workload: str) -> tuple[str, str, str]:
+    """``dataset/model/optimizer`` -> its three parts; extra leading levels stay in the dataset.
+
+    ``mnist_subsets/mnist_6875/simple_cnn_base/nesterov_momentum`` gives dataset
+    ``mnist_subsets/mnist_6875``. Raises BatchlabError unless there are at least three parts.
+    """
+    parts = workload.split("/")
+    if len(parts) < 3 or any(not p for p in parts):
+        raise BatchlabError(
+            f"workload {workload!r} is not of the form dataset/model/optimizer (non-empty parts)"
+        )
+    return "/".join(parts[:-2]), parts[-2], parts[-1]
+
+
+def validate_status(status: str) -> str:
+    """Return ``status`` if it is one of :data:`STATUSES`, else BatchlabError."""
+    if status not in STATUSES:
+        raise unknown_name_error("trial status", str(status), STATUSES)
+    return status
 
 WORKLOADS_SCHEMA = pa.schema(
     [
@@ -124,6 +160,22 @@ def empty_table(name: str) -> pa.Table:
     return pa.Table.from_batches([], SCHEMAS[name])
 
 
+# ---------------------------------------------------------------------------- directory layout
+# A store directory (see batchlab.store.store and batchlab.store.log for what each part does):
+#
+#     batchlab-store.json                   MARKER: {"format": "batchlab-store", "version": FORMAT_VERSION}
+#     _lock                                 LOCK_FILE: commit lock (flock)
+#     log/<seq>.json                        LOG_DIR: commit log
+#     data/<table>/<claim>-<uuid><suffix>   DATA_DIR: immutable Parquet files (data_file_name)
+#     pending/<uuid>.jsonl, <claim>.claim   PENDING_DIR: journals of trials being written; claims
+MARKER = "batchlab-store.json"
+FORMAT_VERSION = 1
+LOCK_FILE = "_lock"
+LOG_DIR = "log"
+DATA_DIR = "data"
+PENDING_DIR = "pending"
+STORE_DIRS = (LOG_DIR, PENDING_DIR, *(f"{DATA_DIR}/{t}" for t in TABLES))
+
 # Trials and studies files with the study columns are named "<claim>-<uuid>.s2.parquet", so a view
 # knows from the names alone whether every file has them (the fast path: no per-file schema read).
 CURRENT_SUFFIX = ".s2.parquet"
@@ -132,6 +184,56 @@ CURRENT_SUFFIX = ".s2.parquet"
 def data_suffix(name: str) -> str:
     """The file name ending of a new data file of table ``name``."""
     return CURRENT_SUFFIX if name in _LEGACY_COLUMNS else ".parquet"
+
+
+def data_file_name(name: str, claim_id: str, unique: str) -> str:
+    """The path, relative to the store, of a new data file of table ``name`` written under claim
+    ``claim_id`` (``unique``: a fresh hex id): ``data/<table>/<claim>-<unique><suffix>``. The claim
+    prefix tells compaction whose uncommitted file it is (``batchlab.store.maintenance``)."""
+    return f"{DATA_DIR}/{name}/{claim_id}-{unique}{data_suffix(name)}"
+
+
+# ---------------------------------------------------------------------------- Parquet layout
+# One layout per table, used by every writer (trial writer, table and release imports, compaction).
+# Measurements: rows sorted by MEASUREMENT_ORDER, row groups of MEASUREMENT_ROW_GROUP_ROWS rows, so each
+# row group spans few (workload, metric) pairs and a query filtering on them skips the rest through
+# the row groups' min/max statistics. Dictionary encoding of the sorted key columns turns their long
+# runs into RLE runs that are nearly free to decode; step (increasing within a trial) is
+# delta-encoded; value stays plain. The other tables are small: zstd, default encodings.
+MEASUREMENT_ORDER = ("workload", "metric", "batch_size", "trial_id", "step")
+MEASUREMENT_ROW_GROUP_ROWS = 1 << 16
+_PARQUET_OPTIONS = {
+    "measurements": {
+        "compression": "snappy",
+        "use_dictionary": ["workload", "metric", "batch_size", "trial_id"],
+        "column_encoding": {"step": "DELTA_BINARY_PACKED"},
+    },
+}
+_DEFAULT_PARQUET_OPTIONS = {"compression": "zstd"}
+_DEFAULT_ROW_GROUP_ROWS = 1 << 20
+
+
+def parquet_options(name: str) -> dict:
+    """Keyword arguments of ``pyarrow.parquet.ParquetWriter`` (and ``write_table``) for data files of
+    table ``name``: the one Parquet layout of that table."""
+    return dict(_PARQUET_OPTIONS.get(name, _DEFAULT_PARQUET_OPTIONS))
+
+
+def row_group_rows(name: str) -> int:
+    """Rows per row group in data files of table ``name``."""
+    return MEASUREMENT_ROW_GROUP_ROWS if name == "measurements" else _DEFAULT_ROW_GROUP_ROWS
+
+
+def sort_measurements(table: pa.Table) -> pa.Table:
+    """Measurement rows in the layout's order (:data:`MEASUREMENT_ORDER`, stable), with the
+    measurements schema (dictionary columns)."""
+    plain = table.select(list(MEASUREMENTS_SCHEMA.names))
+    for i, f in enumerate(plain.schema):
+        if pa.types.is_dictionary(f.type):  # Arrow does not sort dictionary columns
+            plain = plain.set_column(i, f.name, plain[f.name].cast(f.type.value_type))
+    if plain.num_rows > 1:
+        plain = plain.sort_by([(c, "ascending") for c in MEASUREMENT_ORDER])
+    return plain.cast(MEASUREMENTS_SCHEMA)
 
 
 def view_sql(name: str, files: list[str]) -> str:
@@ -172,6 +274,13 @@ _LEGACY_COLUMNS = {
             "'early_stopping', early_stopping) AS VARCHAR)) AS definition"
         ),
     },
+}
+
+
+#: Columns that tables written before study definitions lack, per table (the views read them as
+#: the legacy id and definition; an in-memory table given to the analysis may lack them too).
+LEGACY_MISSING_COLUMNS: dict[str, tuple[str, ...]] = {
+    name: tuple(columns) for name, columns in _LEGACY_COLUMNS.items()
 }
 
 

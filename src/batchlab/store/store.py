@@ -1,17 +1,22 @@
 """The measurement store: a directory of immutable Parquet files queried through DuckDB views.
 
-Layout of a store directory::
+Layout of a store directory (the names are in :mod:`batchlab.store.schema`)::
 
     batchlab-store.json       marker and format version
     _lock                     commit lock (flock)
     log/<seq>.json            commit log (see :mod:`batchlab.store.log`)
-    data/<table>/<uuid>.parquet
+    data/<table>/<claim>-<uuid>.parquet   (.s2.parquet for trials and studies)
     pending/<uuid>.jsonl      journals of trials being written (durable, never visible)
+    pending/<claim>.claim     locked while the process writing files under that claim lives
 
 Readers (:meth:`Store.connect`) open a fresh in-memory DuckDB connection whose views name only
 the files of committed trials, so they see whole trials only and no ``.duckdb`` file is shared.
 Many processes may write at once: data files get unique names and commits are serialised by a
 short lock, during which a commit drops trials whose ``trial_key`` is already published.
+
+Writing trials is :mod:`batchlab.store.writer` (:meth:`Store.trial_writer` is a shortcut to it);
+the writer depends on this module's :class:`Store` only through the methods it calls, and does not
+import this module.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,29 +36,34 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchlab.errors import BatchlabError, unknown_name_error
-from batchlab.store.files import write_bytes_atomic, write_parquet_atomic
-from batchlab.store.log import LOG_DIR, CommitPlan, StoreState, commit, read_state
-from batchlab.store.schema import SCHEMAS, STATUSES, TABLES, conform, data_suffix, empty_table, view_sql
+from batchlab.store.files import write_bytes_atomic, write_data_table
+from batchlab.store.log import CommitPlan, StoreState, commit, read_state
+from batchlab.store.schema import (
+    DATA_DIR,
+    FORMAT_VERSION,
+    LOCK_FILE,
+    LOG_DIR,
+    MARKER,
+    PENDING_DIR,
+    SCHEMAS,
+    STATUSES,
+    STORE_DIRS,
+    TABLES,
+    conform,
+    data_file_name,
+    empty_table,
+    split_workload,
+    validate_status,
+    view_sql,
+)
 from batchlab.store.studies import TRIAL_ID_BLOCK
+from batchlab.store.writer import TrialWriter
 
-MARKER = "batchlab-store.json"
-FORMAT_VERSION = 1
-DATA_DIR = "data"
-PENDING_DIR = "pending"
-
-
-def split_workload(workload: str) -> tuple[str, str, str]:
-    """``dataset/model/optimizer`` -> its three parts; extra leading levels stay in the dataset.
-
-    ``mnist_subsets/mnist_6875/simple_cnn_base/nesterov_momentum`` gives dataset
-    ``mnist_subsets/mnist_6875``. Raises BatchlabError unless there are at least three parts.
-    """
-    parts = workload.split("/")
-    if len(parts) < 3 or any(not p for p in parts):
-        raise BatchlabError(
-            f"workload {workload!r} is not of the form dataset/model/optimizer (non-empty parts)"
-        )
-    return "/".join(parts[:-2]), parts[-2], parts[-1]
+# split_workload and validate_status live in batchlab.store.schema; importable from here as before.
+__all__ = [
+    "DATA_DIR", "FORMAT_VERSION", "MARKER", "PENDING_DIR", "Store", "remove_empty_store", "split_workload",
+    "store_for_import", "validate_status",
+]
 
 
 class Store:
@@ -118,12 +130,34 @@ class Store:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise BatchlabError(f"cannot create a store at {root}: {exc.strerror or exc}") from None
-        for sub in [LOG_DIR, PENDING_DIR, *(f"{DATA_DIR}/{t}" for t in TABLES)]:
+        for sub in STORE_DIRS:
             (root / sub).mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(
             marker, json.dumps({"format": "batchlab-store", "version": FORMAT_VERSION}).encode()
         )
         return cls(root)
+
+    @classmethod
+    def open_or_create(cls, path: str | Path) -> tuple[Store, bool]:
+        """The store at ``path`` and whether this call created it: ``(store, created)``.
+
+        A new store is created when ``path`` does not exist or is an empty directory; its parent
+        directory must exist, so a mistyped path (``runs/stor/x`` for ``runs/store/x``) is a one-line
+        BatchlabError and creates nothing. Callers tell the user when ``created`` is true (the CLI
+        prints "created a new store at PATH" on stderr). Otherwise as :meth:`open`: BatchlabError for a
+        file, a non-empty directory that is not a store, or an unreadable store.
+        """
+        root = Path(path)
+        if (root / MARKER).is_file():
+            return cls.open(root), False
+        if not root.exists():
+            parent = root.absolute().parent
+            if not parent.is_dir():
+                raise BatchlabError(
+                    f"cannot create a store at {root}: directory {parent} does not exist "
+                    "(create it first, or check the path)"
+                )
+        return cls.open(root, create=True), True
 
     # ----------------------------------------------------------------- reading
     def state(self) -> StoreState:
@@ -197,9 +231,9 @@ class Store:
             if header["workload"] == workload and header["batch_size"] == batch_size:
                 largest = max(largest, header["trial_id"])
         candidate = largest + 1
-        block = candidate // TRIAL_ID_BLOCK
+        block = (candidate - 1) // TRIAL_ID_BLOCK  # block k holds ids k*M+1 .. (k+1)*M
         if block in self._sweep_blocks(state, workload, batch_size, trials):
-            candidate = (block + 1) * TRIAL_ID_BLOCK
+            candidate = (block + 1) * TRIAL_ID_BLOCK + 1
         return candidate
 
     def _sweep_blocks(self, state: StoreState, workload: str, batch_size: int, trials: pa.Table) -> set[int]:
@@ -211,7 +245,7 @@ class Store:
         ))
         swept = {sid for sid, text in zip(studies["study_id"].to_pylist(), studies["definition"].to_pylist())
                  if text and "sweep" in json.loads(text)}
-        return {tid // TRIAL_ID_BLOCK for tid, sid in zip(trials["trial_id"].to_pylist(),
+        return {(tid - 1) // TRIAL_ID_BLOCK for tid, sid in zip(trials["trial_id"].to_pylist(),
                                                           trials["study_id"].to_pylist()) if sid in swept}
 
     def pending_headers(self) -> list[dict]:
@@ -279,8 +313,6 @@ class Store:
         ``study_definition`` (:func:`batchlab.store.studies.make_study_definition`) names the study
         the trial belongs to; None builds one from ``train_steps``, ``search_space``, ``seed``,
         ``source`` and ``early_stopping``."""
-        from batchlab.store.writer import TrialWriter
-
         return TrialWriter(
             self,
             workload=workload,
@@ -299,17 +331,16 @@ class Store:
 
     def new_data_path(self, table: str) -> tuple[str, Path]:
         """A fresh unique file name for ``table``: (path relative to the store, absolute path)."""
-        rel = f"{DATA_DIR}/{table}/{self.claim_id}-{uuid.uuid4().hex}{data_suffix(table)}"
+        rel = data_file_name(table, self.claim_id, uuid.uuid4().hex)
         return rel, self.root / rel
 
-    def write_data_file(self, table: str, data: pa.Table) -> str:
-        """Write ``data`` (cast to the table's schema) as a new, not yet committed, file."""
+    def write_data_file(self, table: str, data: pa.Table, *, presorted: bool = False) -> str:
+        """Write ``data`` (cast to the table's schema) as a new, not yet committed, file in the
+        table's one Parquet layout (:func:`batchlab.store.files.write_data_table`; measurement rows
+        are sorted into the layout's order unless ``presorted``); returns its path relative to the
+        store."""
         rel, path = self.new_data_path(table)
-        if table == "measurements":  # the big table: cheap compression, dictionaries for names only
-            write_parquet_atomic(data.cast(SCHEMAS[table]), path, compression="snappy",
-                                 use_dictionary=["workload", "metric"], row_group_size=1 << 18)
-        else:
-            write_parquet_atomic(data.cast(SCHEMAS[table]), path)
+        write_data_table(table, data, path, presorted=presorted)
         return rel
 
     def publish(
@@ -451,8 +482,38 @@ def _check_no_id_collision(new_trials: pa.Table, committed: pa.Table) -> None:
         )
 
 
-def validate_status(status: str) -> str:
-    """Return ``status`` if it is one of :data:`STATUSES`, else BatchlabError."""
-    if status not in STATUSES:
-        raise unknown_name_error("trial status", str(status), STATUSES)
-    return status
+@contextmanager
+def store_for_import(path: str | Path) -> Iterator[tuple[Store, bool]]:
+    """``(store, created)`` of :meth:`Store.open_or_create` for one import (or any one-shot write);
+    if the block raises (a malformed file, Ctrl-C) while the store was created by this call and has
+    no commit yet, the new store is removed again, so a failed import leaves no empty store behind:
+    the directory too when it did not exist before, only its contents when it was an empty
+    directory. An existing store, or one that got a commit, is never touched (commits are atomic,
+    so a failed import adds nothing to it)."""
+    root = Path(path)
+    existed = root.exists()
+    store, created = Store.open_or_create(root)
+    try:
+        yield store, created
+    except BaseException:
+        if created and store.state().seq == 0:
+            remove_empty_store(root, keep_directory=existed)
+        raise
+
+
+def remove_empty_store(root: str | Path, *, keep_directory: bool = False) -> None:
+    """Delete the store at ``root`` (its directory too unless ``keep_directory``) if it has no commit;
+    BatchlabError (nothing deleted) if it has one or is not a store."""
+    root = Path(root)
+    store = Store.open(root)
+    if store.state().seq != 0:
+        raise BatchlabError(f"store {root} holds commits; only an empty store is removed")
+    if not keep_directory:
+        shutil.rmtree(root, ignore_errors=True)
+        return
+    for name in (MARKER, *{sub.split("/")[0] for sub in STORE_DIRS}, LOCK_FILE):
+        target = root / name
+        if target.is_dir():
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            target.unlink(missing_ok=True)

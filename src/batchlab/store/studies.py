@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from batchlab.errors import BatchlabError
+from batchlab.store.schema import split_workload
 
 #: The keys every definition has (``extra`` keys come on top).
 DEFINITION_KEYS = (
@@ -27,7 +28,7 @@ DEFINITION_KEYS = (
     "stop_rule", "seed", "source",
 )
 #: Trial ids come in blocks of this many: a sweep gives each of its study definitions a block of its
-#: own (ids ``block * TRIAL_ID_BLOCK + point``), and ``Store.next_trial_id`` never gives out an id
+#: own (ids ``block * TRIAL_ID_BLOCK + 1 + point``, one-based like the release), and ``Store.next_trial_id`` never gives out an id
 #: inside a block that holds a sweep's trials, so a sweep can always be extended by more trials.
 TRIAL_ID_BLOCK = 100_000
 
@@ -89,6 +90,7 @@ def make_study_definition(
     stop_rule: Mapping[str, Any] | None = None,
     seed: int | None = None,
     source: str = "batchlab",
+    device: str | None = None,
     **extra: Any,
 ) -> dict:
     """A validated, plain-JSON study definition: the keys of :data:`DEFINITION_KEYS` plus ``extra``.
@@ -99,10 +101,11 @@ def make_study_definition(
     "resolution": 0.05}``, ``{"rule": "steps", "steps": [...]}`` or ``{"rule": "release"}``.
     ``stop_rule``: None, or ``{"metric", "goal", "maximize"}``: trials stop at the first evaluation
     that meets the goal (status STOPPED_AT_GOAL). ``extra`` keys (``sweep``, ``budget_round``,
-    ``learning_rate_decay``, ...) must be plain JSON. BatchlabError names the first bad field.
+    ``learning_rate_decay``, ...) must be plain JSON. ``device``: the device type the trials ran on
+    (``"cuda"``, ``"mps"``; an index as in ``"cuda:1"`` is dropped); it becomes the key ``device``
+    only when given and not ``"cpu"``, so a CPU definition (and its id) is the same as before devices
+    existed, and GPU studies are kept apart from CPU ones. BatchlabError names the first bad field.
     """
-    from batchlab.store.store import split_workload
-
     if not isinstance(workload, str):
         raise BatchlabError(f"study definition field 'workload' must be a string, got {workload!r}")
     split_workload(workload)
@@ -119,6 +122,8 @@ def make_study_definition(
                 "study definition field 'evaluation' must be null or an object with a string 'rule' "
                 f"(geometric, steps, release, ...); got {evaluation!r}"
             )
+    if device is not None and (not isinstance(device, str) or not device):
+        raise BatchlabError(f"study definition field 'device' must be a non-empty string or null, got {device!r}")
     clash = sorted(set(extra) & set(DEFINITION_KEYS))
     if clash:
         raise BatchlabError(f"study definition extra keys {clash} repeat standard keys")
@@ -133,6 +138,8 @@ def make_study_definition(
         "seed": _int_or_none("seed", seed, 0),
         "source": source,
     }
+    if device is not None and device.split(":")[0] != "cpu":
+        definition["device"] = device.split(":")[0]  # the type: cuda:0 and cuda:1 run one study
     for key, value in extra.items():
         definition[key] = _jsonable(key, value)
     return definition

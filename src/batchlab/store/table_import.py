@@ -36,8 +36,8 @@ import numpy as np
 import pyarrow as pa
 
 from batchlab.errors import BatchlabError
-from batchlab.store.schema import SCHEMAS, STATUSES
-from batchlab.store.store import Store, split_workload
+from batchlab.store.schema import SCHEMAS, STATUSES, split_workload
+from batchlab.store.store import Store
 from batchlab.store.studies import make_study_definition, study_id
 from batchlab.store.writer import study_row
 

@@ -22,13 +22,13 @@ import os
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import pyarrow as pa
 
 from batchlab.errors import BatchlabError
-from batchlab.store.schema import SCHEMAS
-from batchlab.store.store import PENDING_DIR, Store, split_workload, validate_status
+from batchlab.store.schema import PENDING_DIR, SCHEMAS, split_workload, validate_status
 from batchlab.store.studies import (
     canonical_json,
     check_definition,
@@ -36,6 +36,18 @@ from batchlab.store.studies import (
     make_study_definition,
     study_id,
 )
+
+
+class PublishTarget(Protocol):
+    """What the writer needs of a :class:`batchlab.store.store.Store` (this module does not import
+    that one, which imports this one for :meth:`~batchlab.store.store.Store.trial_writer`)."""
+
+    root: Path
+
+    def write_data_file(self, table: str, data: pa.Table, *, presorted: bool = False) -> str: ...
+
+    def publish(self, trials: pa.Table, measurement_files: list[str], workloads: pa.Table | None = None,
+                studies: pa.Table | None = None, operation: str = "append") -> int: ...
 
 
 @dataclass(frozen=True)
@@ -185,7 +197,7 @@ def _rows(records: Sequence[TrialRecord], definitions: Sequence[dict]) -> tuple[
     )
 
 
-def publish_trials(store: Store, records: Sequence[TrialRecord]) -> int:
+def publish_trials(store: PublishTarget, records: Sequence[TrialRecord]) -> int:
     """Publish whole trials in one atomic commit; returns how many were new.
 
     Trials whose ``trial_key`` is already published are skipped (so re-publishing is harmless).
@@ -208,7 +220,7 @@ def publish_trials(store: Store, records: Sequence[TrialRecord]) -> int:
 class TrialWriter:
     """Writes one trial as it runs: ``record`` per evaluation, then ``finish`` to publish it."""
 
-    def __init__(self, store: Store, **fields: Any):
+    def __init__(self, store: PublishTarget, **fields: Any):
         self.store = store
         self._fields = fields
         self._record = TrialRecord(status="COMPLETE", steps=0, **fields)

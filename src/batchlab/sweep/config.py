@@ -4,10 +4,14 @@ A sweep is the product workloads x optimizers x batch sizes; each (workload, opt
 is one *study* with ``trials`` quasi-random points of its optimizer's search space and one step
 budget. Everything is validated here, before any trial runs: a bad value becomes one
 :class:`~batchlab.errors.BatchlabError` line naming the field and the allowed values.
+:func:`sweep_config_from_options` is the command line's way in (it holds the defaults of
+``batchlab sweep``); :func:`load_sweep_config` reads a TOML file; :class:`SweepConfig` takes Python
+values (``workloads`` may hold :class:`~batchlab.workloads.Workload` objects).
 
-TOML layout (all keys top level; ``search_spaces`` and ``budgets`` are tables)::
+TOML layout (all keys top level; ``search_spaces`` and ``budgets`` are tables; README.md, "Sweep
+config files", documents every key, with ``src/batchlab/sweep/examples/mnist_fc128_sgd_momentum.toml``)::
 
-    workloads = ["mnist/fc_128_128_128"]
+    workloads = ["mnist/fc_128_128_128"]   # names, package.module:function or path/to/file.py:function
     optimizers = ["sgd", "momentum"]
     batch_sizes = [16, 64, 256]
     trials = 16
@@ -23,7 +27,7 @@ TOML layout (all keys top level; ``search_spaces`` and ``budgets`` are tables)::
     # max_steps = 100000       # an optional cap (small B may then be censored)
     train_examples = 10000     # absent: the whole training set
     seed = 0
-    stop_at_goal = true
+    stop_at_goal = true        # the default (as for batchlab train and study)
     grow_budget = false        # raise the budget of studies whose trials all ran out of steps
     # grow_factor = 2.0        # ... by this factor (decay and warmup steps stretch with the budget)
     # max_budget_growths = 2   # ... at most this many times
@@ -32,7 +36,9 @@ TOML layout (all keys top level; ``search_spaces`` and ``budgets`` are tables)::
     executor = "local"         # or "dask" (with workers = K: a LocalCluster on 127.0.0.1)
     # scheduler = "tcp://10.0.0.1:8786"   # an existing Dask scheduler
     workers = 2                # absent: the number of cores
+    device = "auto"            # "auto" | "cpu" | "cuda" | "cuda:N" | "mps"
     vectorize = "auto"         # "auto" | "always" | "never"
+    # vectorize_trials = 16    # trials per vectorized task
     # evaluations = 20         # regular evaluations of every metric per trial (absent: the workload's);
     #                          # the goal metric is also evaluated at the resolution steps
     # goal = 0.1               # goal on the workload's metric (absent: the workload's): trials stop at it
@@ -63,6 +69,16 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valid
 from batchlab.errors import BatchlabError, unknown_name_error
 from batchlab.store.studies import TRIAL_ID_BLOCK
 
+#: Trials stop at their first evaluation that beats the goal unless told otherwise: the one default of
+#: ``SweepConfig.stop_at_goal``, ``batchlab sweep``, ``batchlab train`` and ``batchlab study``.
+DEFAULT_STOP_AT_GOAL = True
+
+#: The optimizers of a sweep given on the command line without ``--optimizer``.
+DEFAULT_OPTIMIZERS = ("sgd",)
+
+#: The device of a sweep's trials unless told otherwise (batchlab.train.device.resolve_device).
+DEFAULT_DEVICE = "auto"
+
 #: The largest number of trials per study: each study definition of a sweep owns one block of this
 #: many trial ids (batchlab.store.studies.TRIAL_ID_BLOCK).
 MAX_TRIALS_PER_STUDY = TRIAL_ID_BLOCK
@@ -85,7 +101,7 @@ class SweepConfig(BaseModel):
     budgets: dict[int, StrictInt] = Field(default_factory=dict)
     train_examples: StrictInt | None = Field(default=None, ge=1)
     seed: StrictInt = Field(default=0, ge=0, lt=2**31)
-    stop_at_goal: StrictBool = True
+    stop_at_goal: StrictBool = DEFAULT_STOP_AT_GOAL
     grow_budget: StrictBool = False
     grow_factor: float = Field(default=2.0, gt=1.0, le=100.0)
     max_budget_growths: StrictInt = Field(default=2, ge=0, le=10)
@@ -96,6 +112,7 @@ class SweepConfig(BaseModel):
     resolution: float = Field(default=0.05, gt=0.0, lt=1.0)
     schedule: Literal["constant", "linear"] = "constant"
     goal: float | None = None
+    device: str = DEFAULT_DEVICE
     vectorize: Literal["auto", "always", "never"] = "auto"
     vectorize_trials: StrictInt = Field(default=16, ge=1, le=1024)
     search_spaces: dict[str, dict[str, dict[str, Any]]] = Field(default_factory=dict)
@@ -109,6 +126,34 @@ class SweepConfig(BaseModel):
             return value
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"must be a finite number, got {value!r}")
+        return value
+
+    @field_validator("workloads", mode="before")
+    @classmethod
+    def _workload_keys(cls, value: Any) -> Any:
+        """Workload objects (the Python API) become the key that resolves them in any process
+        (:func:`batchlab.workloads.workload_key`; registered here first)."""
+        if not isinstance(value, (list, tuple)):
+            return value
+        if all(isinstance(v, str) for v in value):
+            return list(value)
+        from batchlab.workloads import Workload
+
+        out = []
+        for item in value:
+            if isinstance(item, Workload):
+                from batchlab.workloads import register_workload, workload_key
+
+                register_workload(item)
+                item = workload_key(item)
+            out.append(item)
+        return out
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, value: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda|cuda:\d+|mps", value):
+            raise ValueError(f"unknown device {value!r}; allowed: auto, cpu, cuda, cuda:N, mps")
         return value
 
     @field_validator("batch_sizes")
@@ -254,10 +299,45 @@ def load_sweep_config(path: str | os.PathLike, overrides: dict[str, Any] | None 
     return parse_sweep_config(data, source=str(path))
 
 
+def sweep_config_from_options(workload: Any = None, config: str | os.PathLike | None = None,
+                              options: dict[str, Any] | None = None) -> SweepConfig:
+    """The sweep ``batchlab sweep`` describes: ``WORKLOAD`` with options, or ``--config FILE`` with
+    options overriding the file (``None`` values are not given).
+
+    Without a file, ``optimizers`` defaults to :data:`DEFAULT_OPTIMIZERS` and ``batch_sizes``,
+    ``trials`` and ``store`` are required; every other default is :class:`SweepConfig`'s.
+
+    Raises:
+        BatchlabError: both or neither of ``workload`` and ``config``, a missing required option, or
+            anything :func:`parse_sweep_config` refuses.
+    """
+    given = {k: v for k, v in (options or {}).items() if v is not None}
+    if config is not None:
+        if workload is not None:
+            raise BatchlabError("give either WORKLOAD or --config, not both (the config file lists workloads)")
+        return load_sweep_config(config, given)
+    if workload is None:
+        raise BatchlabError("missing WORKLOAD (e.g. mnist/fc_128_128_128) or --config FILE")
+    data = {"optimizers": list(DEFAULT_OPTIMIZERS), **given, "workloads": [workload]}
+    missing = [flag for flag, key in (("--batch-sizes", "batch_sizes"), ("--trials", "trials"), ("--store", "store"))
+               if key not in data]
+    if missing:
+        raise BatchlabError(f"missing {', '.join(missing)} (required without --config)")
+    return parse_sweep_config(data, source="sweep options")
+
+
 def check_names(config: SweepConfig, source: str = "sweep config") -> None:
-    """Check workload and optimizer names against the registries and parse every search space."""
+    """Check workload and optimizer names against the registries, the device against this machine
+    (:func:`batchlab.train.device.check_device`) and parse every search space."""
     from batchlab.optim import optimizer_names
     from batchlab.workloads import get_workload
+
+    from batchlab.train.device import check_device
+
+    try:
+        check_device(config.device)
+    except BatchlabError as exc:
+        raise BatchlabError(f"{source}: field 'device': {exc}") from None
 
     for name in config.workloads:
         try:

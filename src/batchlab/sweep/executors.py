@@ -9,6 +9,14 @@ Worker processes run one torch thread each with passive OpenMP waits (set before
 spinning OpenMP threads make torch 10-60x slower on a loaded machine. Local workers are started with
 the ``spawn`` method and die with the driver (Linux ``PR_SET_PDEATHSIG`` plus a parent watchdog), so
 a killed driver leaves no orphan that could finish a trial behind a resumed sweep's back.
+
+GPUs: when the sweep's device resolves to CUDA without an index (``auto`` or ``cuda``) and several
+CUDA GPUs are present, the local pool runs one worker per GPU (``min(workers, GPUs)`` workers) and
+pins worker ``i`` (in start order) to ``cuda:i`` (:func:`pinned_device`), through the environment
+variable :data:`batchlab.train.device.DEVICE_ENV` that :func:`batchlab.train.device.resolve_device`
+reads. Dask workers are not pinned (each uses its current CUDA device; a cluster that gives each
+worker its own GPU, such as dask-cuda's ``LocalCUDACluster``, pins them through
+``CUDA_VISIBLE_DEVICES``).
 """
 
 from __future__ import annotations
@@ -100,8 +108,45 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _local_worker_init(parent_pid: int) -> None:
+def pinned_device(index: int, gpus: int) -> str:
+    """The device of the ``index``-th started pool worker (0-based) on a machine with ``gpus`` GPUs:
+    ``cuda:{index % gpus}`` (a worker started to replace a dead one takes the next GPU in turn)."""
+    if gpus < 1:
+        raise ValueError(f"pinning needs at least one GPU, got {gpus}")
+    return f"cuda:{int(index) % int(gpus)}"
+
+
+def gpus_to_pin(device: str = "auto") -> int:
+    """How many CUDA GPUs a local pool pins its workers to for ``device``: the number of GPUs when
+    ``device`` is ``auto`` or ``cuda`` and CUDA sees two or more, else 0 (no pinning: one device, the
+    CPU, MPS, or an explicit ``cuda:N`` that every worker shares)."""
+    from batchlab.train.device import check_device
+
+    name = check_device(device)
+    if name not in ("auto", "cuda"):
+        return 0
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return count if count >= 2 else 0
+
+
+def _pin_worker(counter: Any, gpus: int) -> str:
+    """Take the next worker index from the shared ``counter`` and pin this process to its GPU."""
+    from batchlab.train.device import DEVICE_ENV
+
+    with counter.get_lock():
+        index = counter.value
+        counter.value += 1
+    device = pinned_device(index, gpus)
+    os.environ[DEVICE_ENV] = device
+    return device
+
+
+def _local_worker_init(parent_pid: int, counter: Any = None, gpus: int = 0) -> None:
     set_worker_threads()
+    if gpus:
+        _pin_worker(counter, gpus)
     _die_with_parent(parent_pid)
 
 
@@ -115,9 +160,10 @@ class LocalPoolExecutor(Executor):
 
     kind = "local"
 
-    def __init__(self, fn: Callable[[Any], Any], workers: int) -> None:
+    def __init__(self, fn: Callable[[Any], Any], workers: int, gpus: int = 0) -> None:
         self.fn = fn
-        self.workers = int(workers)
+        self.gpus = int(gpus)
+        self.workers = min(int(workers), self.gpus) if self.gpus else int(workers)
         self._pool: cf.ProcessPoolExecutor | None = None
         self._futures: dict[cf.Future, tuple[Any, cf.ProcessPoolExecutor]] = {}
         for name, value in WORKER_ENV.items():  # inherited by spawned workers before any import
@@ -125,11 +171,13 @@ class LocalPoolExecutor(Executor):
 
     def _ensure_pool(self) -> cf.ProcessPoolExecutor:
         if self._pool is None:
+            context = multiprocessing.get_context("spawn")
+            counter = context.Value("i", 0) if self.gpus else None  # a fresh pool pins from cuda:0 again
             self._pool = cf.ProcessPoolExecutor(
                 max_workers=self.workers,
-                mp_context=multiprocessing.get_context("spawn"),
+                mp_context=context,
                 initializer=_local_worker_init,
-                initargs=(os.getpid(),),
+                initargs=(os.getpid(), counter, self.gpus),
             )
         return self._pool
 
@@ -299,8 +347,22 @@ def _dask_call(fn: Callable[[Any], Any], task: Any) -> Any:
 
 
 def make_executor(fn: Callable[[Any], Any], *, workers: int, dask: bool = False,
-                  scheduler: str | None = None) -> Executor:
-    """The executor for a sweep: Dask when ``dask`` or ``scheduler`` is given, else a local pool."""
+                  scheduler: str | None = None, device: str = "auto") -> Executor:
+    """The executor for a sweep: Dask when ``dask`` or ``scheduler`` is given, else a local pool.
+
+    ``device`` is the sweep's device (:mod:`batchlab.train.device`; checked here, a bad or unavailable
+    one is a one-line BatchlabError). With several CUDA GPUs and ``device`` ``auto`` or ``cuda``, the
+    local pool runs ``min(workers, GPUs)`` workers, worker ``i`` pinned to ``cuda:i`` (module
+    docstring).
+
+    Reproducibility: a trial's measurements do not depend on the executor, the worker or the number
+    of workers (each trial is a pure function of its spec). They are bitwise reproducible on the same
+    device type with the same torch build: always on CPU; on CUDA only with deterministic algorithms
+    (``torch.use_deterministic_algorithms(True)``, ``CUBLAS_WORKSPACE_CONFIG=:4096:8``), and then also
+    across GPUs of one model. Across device types (CPU, CUDA, MPS) they differ: the batches and initial
+    weights are the same, the floating-point arithmetic is not (docs/internals.md, "Devices").
+    """
+    gpus = gpus_to_pin(device)
     if dask or scheduler is not None:
         return DaskExecutor(fn, workers=workers, scheduler=scheduler)
-    return LocalPoolExecutor(fn, workers=workers)
+    return LocalPoolExecutor(fn, workers=workers, gpus=gpus)

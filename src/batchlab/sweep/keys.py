@@ -8,12 +8,15 @@ search space, evaluation schedule, stop rule, seed, source) with three extra key
 study definition: re-running the same sweep produces the same keys (finished trials are skipped),
 and changing anything that defines the measurement produces new keys (nothing stale is reused).
 
-Trial ids are unique per (workload, batch size) across the store. Each study definition gets its
-own *block* of ids, ``block * MAX_TRIALS_PER_STUDY + point``: a study whose trials are already in
-the store keeps the block they are in (found by key, so a resumed sweep writes the ids an
-uninterrupted one would), and a new definition takes the lowest block that holds no trial at all
-(:func:`allocate_blocks`). So sweeps with other settings on the same store are kept apart, not
-refused. Seeds derive from the point index, never from the store.
+Trial ids are unique per (workload, batch size) across the store and start at 1, as in the
+batch_science release and in ``batchlab train``/``study`` (:data:`FIRST_TRIAL_ID`). Each study
+definition gets its own *block* of ids: point ``i`` of the study in block ``k`` has id
+``k * MAX_TRIALS_PER_STUDY + 1 + i`` (:func:`trial_id`). A study whose trials are already in the
+store keeps the ids they have (found by key, so a resumed sweep writes the ids an uninterrupted one
+would; a study written by a batchlab whose sweep ids started at 0 keeps that base), and a new
+definition takes the lowest block that holds no trial at all (:func:`allocate_ids`). So sweeps with
+other settings on the same store are kept apart, not refused. Seeds derive from the point index,
+never from the store or the id.
 """
 
 from __future__ import annotations
@@ -23,12 +26,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from batchlab.errors import BatchlabError
+from batchlab.store.schema import store_workload_name
 from batchlab.sweep.config import MAX_TRIALS_PER_STUDY
 
-
-def store_workload_name(workload: str, optimizer: str) -> str:
-    """The store's workload name ``dataset/model/optimizer`` for registry name ``dataset/model``."""
-    return f"{workload}/{optimizer}"
+#: The id of a study's first trial (point 0) in block 0: the batch_science release's base.
+FIRST_TRIAL_ID = 1
 
 
 def sweep_id(settings: Mapping[str, Any]) -> str:
@@ -50,61 +52,70 @@ def trial_key(workload: str, optimizer: str, batch_size: int, point_index: int, 
 
 
 def trial_id(point_index: int, block: int = 0) -> int:
-    """The trial id of point ``point_index`` in id block ``block``."""
+    """The trial id of point ``point_index`` in id block ``block``: ``block * MAX_TRIALS_PER_STUDY + 1 + i``."""
     if not 0 <= point_index < MAX_TRIALS_PER_STUDY:
         raise ValueError(f"point index must be in [0, {MAX_TRIALS_PER_STUDY}), got {point_index}")
     if block < 0:
         raise ValueError(f"id block must be >= 0, got {block}")
-    return int(block) * MAX_TRIALS_PER_STUDY + int(point_index)
+    return int(block) * MAX_TRIALS_PER_STUDY + FIRST_TRIAL_ID + int(point_index)
 
 
-def allocate_blocks(
+def id_block(trial_id_: int) -> int:
+    """The id block that trial id ``trial_id_`` falls in (ids ``k * MAX_TRIALS_PER_STUDY + 1`` to
+    ``(k + 1) * MAX_TRIALS_PER_STUDY`` are block ``k``)."""
+    return (int(trial_id_) - FIRST_TRIAL_ID) // MAX_TRIALS_PER_STUDY
+
+
+def allocate_ids(
     wanted: Iterable[tuple[tuple[str, int], str, list[tuple[int, str]]]],
     held: Mapping[tuple[str, int], Mapping[int, str]],
 ) -> list[int]:
-    """The id block of each wanted study, in order.
+    """The first trial id (the id of point 0) of each wanted study, in order; point ``i`` gets
+    ``first + i``.
 
     ``wanted``: per study ``((workload, batch_size), name, [(point_index, trial_key), ...])``;
     ``held``: the store's trials, ``{(workload, batch_size): {trial_id: trial_key}}``. A study
-    with a trial in the store keeps that trial's block; any other takes the lowest block of its
-    (workload, batch size) that holds no stored trial and no block given out before it. Deterministic
-    given the store, so a resumed sweep gets the blocks of the interrupted one.
+    with a trial in the store keeps that trial's ids (block ``k`` with the current base, ``k *
+    MAX_TRIALS_PER_STUDY + 1``, or a block written by an older batchlab with base 0); any other takes
+    the lowest block of its (workload, batch size) that holds no stored trial and no block given out
+    before it. Deterministic given the store, so a resumed sweep gets the ids of the interrupted one.
 
     Raises:
         BatchlabError: a study's stored trials sit in two blocks or off their point's id, or a planned
-            id in its block is held by a trial of another key (a trial written into the block by hand
-            or by ``batchlab train``).
+            id is held by a trial of another key (a trial written into the block by hand or by
+            ``batchlab train``).
     """
     wanted = list(wanted)
     taken: dict[tuple[str, int], set[int]] = {}
     for place, ids in held.items():
-        taken[place] = {int(i) // MAX_TRIALS_PER_STUDY for i in ids}
+        taken[place] = {id_block(i) for i in ids}
     by_key = {place: {key: int(i) for i, key in ids.items()} for place, ids in held.items()}
-    blocks: list[int | None] = []
+    firsts: list[int | None] = []
     for place, name, trials in wanted:  # first the studies already (partly) in the store
         stored = by_key.get(place, {})
         found = {(stored[key] - point) for point, key in trials if key in stored}
-        if len(found) > 1 or any(b < 0 or b % MAX_TRIALS_PER_STUDY for b in found):
+        if len(found) > 1 or any(f < 0 or f % MAX_TRIALS_PER_STUDY not in (0, FIRST_TRIAL_ID) for f in found):
             raise BatchlabError(f"the store's trials of {name} do not follow one id block; allowed: a store "
                                 "written by batchlab sweep (or another --store)")
-        blocks.append(found.pop() // MAX_TRIALS_PER_STUDY if found else None)
+        firsts.append(found.pop() if found else None)
     for index, (place, name, trials) in enumerate(wanted):
-        if blocks[index] is None:
-            used = taken.setdefault(place, set())
+        used = taken.setdefault(place, set())
+        if firsts[index] is None:
             block = 0
             while block in used:
                 block += 1
-            blocks[index] = block
-        taken.setdefault(place, set()).add(blocks[index])
+            firsts[index] = trial_id(0, block)
+        used.add(firsts[index] // MAX_TRIALS_PER_STUDY)
         ids = held.get(place, {})
         for point, key in trials:
-            other = ids.get(trial_id(point, blocks[index]))
+            planned = firsts[index] + point
+            other = ids.get(planned)
             if other is not None and other != key:
                 raise BatchlabError(
-                    f"trial id {trial_id(point, blocks[index])} of {name} is held by another trial (key "
-                    f"{other!r}); allowed: a store where batchlab sweep owns its id blocks, or another --store"
+                    f"trial id {planned} of {name} is held by another trial (key {other!r}); allowed: a store "
+                    "where batchlab sweep owns its id blocks, or another --store"
                 )
-    return [int(b) for b in blocks]
+    return [int(f) for f in firsts]
 
 
 def trial_seed(sweep_seed: int, point_index: int) -> int:

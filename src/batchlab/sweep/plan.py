@@ -11,8 +11,9 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from batchlab.sweep.config import SweepConfig, steps_from_rule
-from batchlab.sweep.keys import store_workload_name, sweep_id, trial_id, trial_key, trial_seed
+from batchlab.store.schema import store_workload_name
+from batchlab.sweep.config import MAX_TRIALS_PER_STUDY, SweepConfig, steps_from_rule
+from batchlab.sweep.keys import FIRST_TRIAL_ID, sweep_id, trial_key, trial_seed
 
 #: Hyperparameters counted in steps that a grown budget stretches by the same factor as the budget.
 STRETCHED_PARAMETERS = ("learning_rate_decay_steps", "warmup_steps")
@@ -35,10 +36,17 @@ class StudyPlan:
 
     ``budget_round`` is 0 for the budget of the sweep's rule and ``r`` for the ``r``-th growth;
     ``base_steps`` is the round-0 budget, so a grown study's schedule is stretched by
-    ``steps / base_steps`` (:attr:`stretch`). ``id_block`` is the study's block of trial ids in the
-    store (:func:`batchlab.sweep.keys.allocate_blocks`). ``sweep`` is the sweep id, ``budget_rule``
-    the sweep's step-budget rule and ``evaluation`` its evaluation schedule (all three enter the
-    study definition).
+    ``steps / base_steps`` (:attr:`stretch`). ``first_trial_id`` is the id of point 0 in the study's
+    block of trial ids in the store (:func:`batchlab.sweep.keys.allocate_ids`). ``sweep`` is the sweep
+    id, ``budget_rule`` the sweep's step-budget rule and ``evaluation`` its evaluation schedule (all
+    three enter the study definition).
+
+    ``workload`` is the key that resolves the workload in any process (a registered name or a
+    reference, :func:`batchlab.workloads.workload_key`; workers re-import it), ``workload_name`` the
+    workload's own ``dataset/model`` name (the store's name and the trial keys use it; empty: the same
+    as ``workload``). ``device`` is where its trials train (``SweepConfig.device``); ``device_type``
+    the type it resolved to in the driver (``cpu``, ``cuda``, ``mps``), which the study definition
+    records when it is not ``cpu``.
     """
 
     workload: str
@@ -57,16 +65,19 @@ class StudyPlan:
     budget_round: int = 0
     points: tuple[dict[str, Any], ...] = field(default=(), compare=False, repr=False)
     base_steps: int | None = None
-    id_block: int = 0
+    first_trial_id: int = FIRST_TRIAL_ID
     sweep: str = ""
     budget_rule: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     resolution: float = 0.05
     evaluation: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    workload_name: str = ""
+    device: str = "auto"
+    device_type: str = "cpu"
 
     @property
     def store_workload(self) -> str:
         """``dataset/model/optimizer``, the store's workload name."""
-        return store_workload_name(self.workload, self.optimizer)
+        return store_workload_name(self.workload_name or self.workload, self.optimizer)
 
     @property
     def name(self) -> str:
@@ -92,11 +103,13 @@ class StudyPlan:
         evaluation = dict(self.evaluation) or {"rule": "geometric", "resolution": self.resolution}
         stop_rule = ({"metric": self.metric, "goal": float(self.goal), "maximize": bool(self.maximize)}
                      if self.stop_at_goal else None)
+        # the device only when it is not the CPU, so CPU study ids (and every existing store) stay as they are
+        device = {} if self.device_type == "cpu" else {"device": self.device_type}
         return make_study_definition(
             workload=self.store_workload, batch_size=self.batch_size, train_steps=self.steps,
             train_examples=self.train_examples, search_space=self.stretched_search_space, evaluation=evaluation,
             stop_rule=stop_rule, seed=self.seed, source="batchlab", sweep=self.sweep,
-            budget_round=self.budget_round, budget_rule=self.budget_rule, schedule_stretch=self.stretch,
+            budget_round=self.budget_round, budget_rule=self.budget_rule, schedule_stretch=self.stretch, **device,
         )
 
     @cached_property
@@ -109,10 +122,13 @@ class StudyPlan:
     def trial_plans(self) -> list[TrialPlan]:
         """The study's trials in point order (``len == trials``)."""
         digest = self.digest
+        if len(self.points) > MAX_TRIALS_PER_STUDY:  # pragma: no cover - SweepConfig.trials is bounded
+            raise ValueError(f"a study has at most {MAX_TRIALS_PER_STUDY} points")
         return [
             TrialPlan(
-                key=trial_key(self.workload, self.optimizer, self.batch_size, i, self.seed, digest),
-                trial_id=trial_id(i, self.id_block),
+                key=trial_key(self.workload_name or self.workload, self.optimizer, self.batch_size, i, self.seed,
+                              digest),
+                trial_id=self.first_trial_id + i,
                 point_index=i,
                 seed=trial_seed(self.seed, i),
                 hyperparameters=stretch_point(point, self.stretch),
@@ -122,7 +138,7 @@ class StudyPlan:
 
     def grown(self, factor: float) -> "StudyPlan":
         """The same study with its step budget multiplied by ``factor`` (next budget round; the id block
-        is given by the caller)."""
+        ids are given by the caller)."""
         return replace(self, steps=int(round(self.steps * factor)), budget_round=self.budget_round + 1,
                        base_steps=self.base_steps or self.steps)
 
@@ -199,20 +215,23 @@ def _evaluation(workload, config: SweepConfig) -> dict[str, Any]:
     return {"rule": "geometric", **described}
 
 
-def plan_studies(config: SweepConfig) -> list[StudyPlan]:
+def plan_studies(config: SweepConfig, device_type: str = "cpu") -> list[StudyPlan]:
     """Every study of ``config`` (workloads x optimizers x batch sizes), with sampled search-space points.
 
     The points of a study are ``space.sample(trials, seed=config.seed)``; they do not depend on the
     batch size (except the decay range of a ``schedule = "linear"`` default space, which follows each
     study's budget), so every study of one (workload, optimizer) searches the same unit points.
+    ``device_type``: the type ``config.device`` resolves to here (recorded in the study definitions
+    when it is not ``cpu``).
     """
     from batchlab.search import SearchSpace, default_search_space
-    from batchlab.workloads import get_workload
+    from batchlab.workloads import get_workload, workload_key
 
     sweep = sweep_id(sweep_settings(config))
     studies = []
-    for workload_name in config.workloads:
-        workload = get_workload(workload_name)
+    for given in config.workloads:
+        workload = get_workload(given)
+        key = workload_key(workload)  # what workers re-import: the name, or the reference
         rule = config.budget_rule(workload)
         evaluation = _evaluation(workload, config)
         for optimizer in config.optimizers:
@@ -224,7 +243,7 @@ def plan_studies(config: SweepConfig) -> list[StudyPlan]:
                     space = default_search_space(optimizer, train_steps=steps, schedule=config.schedule)
                 studies.append(
                     StudyPlan(
-                        workload=workload.name, optimizer=optimizer, batch_size=batch_size, steps=steps,
+                        workload=key, workload_name=workload.name, optimizer=optimizer, batch_size=batch_size, steps=steps,
                         trials=config.trials, seed=config.seed, train_examples=config.train_examples,
                         stop_at_goal=config.stop_at_goal, search_space=space.to_batch_science(),
                         metric=workload.metric, goal=float(workload.goal if config.goal is None else config.goal),
@@ -232,7 +251,7 @@ def plan_studies(config: SweepConfig) -> list[StudyPlan]:
                         evaluations=config.evaluations,
                         points=tuple(space.sample(config.trials, seed=config.seed)),
                         base_steps=steps, sweep=sweep, budget_rule=rule, resolution=config.resolution,
-                        evaluation=evaluation,
+                        evaluation=evaluation, device=config.device, device_type=device_type,
                     )
                 )
     return studies

@@ -1,16 +1,23 @@
-"""How a sweep reports: a rich progress display, or JSON lines.
+"""How a sweep reports: progress on stderr and tables on stdout, or JSON lines.
 
-:class:`RichReporter` shows one progress row per study (trials done / diverged / remaining, ETA) and
-an overall row on stderr, then prints on stdout the steps-to-result table (one row per workload and
-batch size: budget, the bracket ``(steps_lower, steps]``, or ``> censored_at`` when not reached,
-best trial, trials that reached the goal, the regime read from the data, the study id) and the
-S(B) fit with the critical batch sizes (named definitions; data-read regimes with their reasons).
-Every number comes from this sweep's own trials only (:func:`batchlab.sweep.runner.summarize`).
-:class:`JsonReporter` prints one JSON object per line on stdout instead: ``plan``, ``trial``,
-``worker_lost``, ``budget_grown``, ``steps_to_result`` (one per workload and batch size, with
-``steps_lower``, ``censored_at``, ``budget``, ``budget_round``, ``study_id`` and ``sweep``),
-``critical_batch_size`` (one per workload: :func:`batchlab.analysis.critical_batch_size.summarize_curve`)
-and ``done``. docs/methods.md, "Sweeps", defines each quantity.
+:class:`RichReporter` shows, on a terminal, one progress row per study (trials done / diverged /
+remaining, ETA) and an overall row on stderr; when stderr is not a terminal (a file, a pipe, a CI
+log) it prints a plain progress line instead, after every :attr:`RichReporter.every_trials`-th trial
+and at least every :attr:`RichReporter.every_seconds` seconds when a trial finishes. At the end it
+prints on stdout the steps-to-result table (one row per workload and batch size: budget, the bracket
+``(steps_lower, steps]``, or ``> censored_at`` when not reached, best trial, trials that reached the
+goal, the regime read from the data, the study id) and the S(B) fit with the critical batch sizes
+(every named definition of :data:`batchlab.analysis.critical_batch_size.REGISTRY`; data-read regimes
+with their reasons). Tables never cut a cell (:func:`batchlab.cli.output.print_table`). Counts on a
+resumed sweep include the trials finished before, once. Every number comes from this sweep's own
+trials only (:func:`batchlab.sweep.runner.summarize`).
+
+:class:`JsonReporter` prints one JSON object per line on stdout instead (non-finite numbers as
+``null``): ``plan``, ``trial``, ``worker_lost``, ``budget_grown``, ``steps_to_result`` (one per
+workload and batch size, with ``steps_lower``, ``censored_at``, ``budget``, ``budget_round``,
+``study_id`` and ``sweep``), ``critical_batch_size`` (one per workload:
+:func:`batchlab.analysis.critical_batch_size.summarize_curve`) and ``done``. docs/methods.md,
+"Sweeps", defines each quantity. Both say on stderr when the sweep created its store.
 """
 
 from __future__ import annotations
@@ -18,36 +25,34 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from typing import Any, TextIO
 
 from batchlab.sweep.runner import Reporter, StudyProgress, SweepPlan, SweepSummary
 from batchlab.sweep.worker import TrialOutcome
 
 
-def _line(stream: TextIO, obj: dict[str, Any]) -> None:
-    stream.write(json.dumps(_plain(obj), allow_nan=False) + "\n")
-    stream.flush()
-
-
-def _plain(value: Any) -> Any:
-    """``value`` with non-finite floats replaced by None (JSON has no inf or NaN)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+def _created_note(info: dict) -> None:
+    if info.get("created_store"):
+        print(f"created a new store at {info.get('store')}", file=sys.stderr, flush=True)
 
 
 class JsonReporter(Reporter):
     """One JSON object per line on ``stream`` (stdout by default)."""
 
     def __init__(self, stream: TextIO | None = None) -> None:
-        self.stream = stream or sys.stdout
+        self.stream = stream
+
+    def _line(self, obj: dict[str, Any]) -> None:
+        from batchlab.cli.output import json_ready
+
+        stream = self.stream or sys.stdout
+        stream.write(json.dumps(json_ready(obj), allow_nan=False) + "\n")
+        stream.flush()
 
     def start(self, plan: SweepPlan, progress: list[StudyProgress], info: dict) -> None:
-        _line(self.stream, {
+        _created_note(info)
+        self._line({
             "event": "plan", "studies": len(progress), "trials": sum(p.total for p in progress), **info,
             "sweep": plan.sweep_id, "batch_sizes": plan.config.batch_sizes, "workloads": plan.config.workloads,
             "optimizers": plan.config.optimizers,
@@ -59,7 +64,7 @@ class JsonReporter(Reporter):
     def trial(self, progress: StudyProgress, outcome: TrialOutcome, totals: dict) -> None:
         # the budget round the trial ran in (a grown round has its own budget and study id)
         study = totals.get("study") or progress.study
-        _line(self.stream, {
+        self._line({
             "event": "trial", "workload": study.store_workload, "batch_size": study.batch_size,
             "trial_id": outcome.trial_id, "trial_key": outcome.key, "status": outcome.status,
             "steps": outcome.steps, "steps_to_goal": outcome.steps_to_goal, "steps_lower": outcome.steps_lower,
@@ -69,26 +74,27 @@ class JsonReporter(Reporter):
         })
 
     def worker_lost(self, keys: list[str]) -> None:
-        _line(self.stream, {"event": "worker_lost", "trial_keys": keys, "rerun": True})
+        self._line({"event": "worker_lost", "trial_keys": keys, "rerun": True})
 
     def budget_grown(self, old, new) -> None:
-        _line(self.stream, {"event": "budget_grown", "workload": old.store_workload, "batch_size": old.batch_size,
-                            "from_steps": old.steps, "to_steps": new.steps, "round": new.budget_round,
-                            "schedule_stretch": new.stretch, "study_id": new.digest})
+        self._line({"event": "budget_grown", "workload": old.store_workload, "batch_size": old.batch_size,
+                    "from_steps": old.steps, "to_steps": new.steps, "round": new.budget_round,
+                    "schedule_stretch": new.stretch, "study_id": new.digest})
 
     def finish(self, summary: SweepSummary) -> None:
         for workload, rows in summary.results.items():
             for row in rows:
-                _line(self.stream, {"event": "steps_to_result", **summary.goals.get(workload, {}),
-                                    **result_fields(summary, workload, row)})
+                self._line({"event": "steps_to_result", **summary.goals.get(workload, {}),
+                            **result_fields(summary, workload, row)})
         for workload, fit in summary.fits.items():
             if fit is None:
-                _line(self.stream, {"event": "critical_batch_size", "workload": workload, "fit": None,
-                                    "reason": summary.fit_errors.get(workload)})
+                self._line({"event": "critical_batch_size", "workload": workload, "fit": None,
+                            "reason": summary.fit_errors.get(workload)})
             else:
-                _line(self.stream, {"event": "critical_batch_size", "workload": workload, **fit})
-        _line(self.stream, {
-            "event": "done", "sweep": summary.sweep_id, "store": summary.store_path, "wall_time_s": round(summary.wall_time_s, 3),
+                self._line({"event": "critical_batch_size", "workload": workload, **fit})
+        self._line({
+            "event": "done", "sweep": summary.sweep_id, "store": summary.store_path,
+            "wall_time_s": round(summary.wall_time_s, 3),
             "trials_run": summary.trials_run, "trials_skipped": summary.trials_skipped,
             "workers_lost": summary.workers_lost, "budgets_grown": summary.grown,
             "executor": summary.executor, "workers": summary.workers,
@@ -96,27 +102,70 @@ class JsonReporter(Reporter):
 
 
 class RichReporter(Reporter):
-    """Progress bars on stderr while running; tables on stdout at the end."""
+    """Progress on stderr while running (bars on a terminal, periodic lines otherwise); tables on
+    stdout at the end. ``terminal``: force (True) or forbid (False) the bars; default: whether stderr
+    is a terminal."""
 
-    def __init__(self) -> None:
+    #: Off a terminal: a progress line after every this many trials ...
+    every_trials_fraction = 0.05
+    #: ... and at the first trial finishing at least this many seconds after the last line.
+    every_seconds = 10.0
+
+    def __init__(self, terminal: bool | None = None) -> None:
         from rich.console import Console
 
         self.err = Console(stderr=True)
-        self.out = Console()
+        self.terminal = self.err.is_terminal if terminal is None else terminal
         self._progress = None
         self._tasks: dict[tuple[str, int], int] = {}
         self._entries: dict[tuple[str, int], StudyProgress] = {}
         self._overall = None
         self._notes: list[str] = []
+        self._last_line = 0.0
+        self._lines_at = 0
+        self._started = time.monotonic()
+        self.every_trials = 1
 
+    # --- counts -----------------------------------------------------------------------------------
+    def counts(self) -> dict[str, int]:
+        """Trials done (finished before this run included, once), diverged, total and left, over all studies."""
+        done = sum(e.done for e in self._entries.values())
+        total = sum(e.total for e in self._entries.values())
+        diverged = sum(e.diverged for e in self._entries.values())
+        return {"done": done, "total": total, "diverged": diverged, "left": total - done}
+
+    def _say(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(text, markup=False, highlight=False)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def _progress_line(self) -> None:
+        c = self.counts()
+        elapsed = time.monotonic() - self._started
+        self._say(f"progress: {c['done']}/{c['total']} trials done, {c['diverged']} diverged, {c['left']} left; "
+                  f"{elapsed:.0f} s")
+        self._last_line = time.monotonic()
+        self._lines_at = c["done"]
+
+    # --- events -----------------------------------------------------------------------------------
     def start(self, plan: SweepPlan, progress: list[StudyProgress], info: dict) -> None:
+        _created_note(info)
+        total = sum(p.total for p in progress)
+        self._started = self._last_line = time.monotonic()
+        self.every_trials = max(1, math.ceil(self.every_trials_fraction * total))
+        device = f", device {info['device']}" if info.get("device") not in (None, "auto", "cpu") else ""
+        self._say(
+            f"sweep: {len(progress)} studies, {total} trials "
+            f"({info['finished_before']} already in the store), executor {info['executor']} "
+            f"with {info['workers']} workers{device}, store {info['store']}"
+        )
+        for entry in progress:
+            self._entries[(entry.study.store_workload, entry.study.batch_size)] = entry
+        if not self.terminal:
+            return
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-        self.err.print(
-            f"sweep: {len(progress)} studies, {sum(p.total for p in progress)} trials "
-            f"({info['finished_before']} already in the store), executor {info['executor']} "
-            f"with {info['workers']} workers, store {info['store']}"
-        )
         self._progress = Progress(
             TextColumn("{task.description}"), BarColumn(),
             TextColumn("{task.completed:>4.0f}/{task.total:<4.0f} done  {task.fields[diverged]:>3} diverged  "
@@ -125,76 +174,70 @@ class RichReporter(Reporter):
             console=self.err, transient=False, refresh_per_second=4,
         )
         self._progress.start()
-        total = sum(p.total for p in progress)
-        self._overall = self._progress.add_task("[bold]all studies", total=total, completed=0,
-                                                diverged=0, remaining=total)
+        self._overall = self._progress.add_task("all studies", total=total, completed=0, diverged=0, remaining=total)
         for entry in progress:
             self.study_added(entry)
+        self._sync()
 
     def study_added(self, entry: StudyProgress) -> None:
         key = (entry.study.store_workload, entry.study.batch_size)
         self._entries[key] = entry
-        self._tasks[key] = self._progress.add_task(
-            f"{entry.study.store_workload} b={entry.study.batch_size}", total=entry.total, completed=entry.done,
-            diverged=entry.diverged, remaining=entry.remaining,
-        )
+        if self._progress is not None:
+            self._tasks[key] = self._progress.add_task(
+                f"{entry.study.store_workload} b={entry.study.batch_size}", total=entry.total, completed=entry.done,
+                diverged=entry.diverged, remaining=entry.remaining,
+            )
 
     def _sync(self) -> None:
-        """Bring every study's bar up to its counts: trials skipped on resume (and the trials of grown
-        rounds skipped on resume) are counted in a study's entry without a ``trial`` event."""
+        """Bring every bar up to its study's counts (which include trials finished before this run)."""
+        if self._progress is None:
+            return
         for key, entry in self._entries.items():
             if key in self._tasks:
                 self._progress.update(self._tasks[key], completed=entry.done, total=entry.total,
                                       diverged=entry.diverged, remaining=entry.remaining)
-        self._refresh_overall()
-
-    def _refresh_overall(self) -> None:
-        tasks = [t for t in self._progress.tasks if t.id != self._overall]
-        done = sum(t.completed for t in tasks)
-        total = sum(t.total or 0 for t in tasks)
-        diverged = sum(t.fields.get("diverged", 0) for t in tasks)
-        self._progress.update(self._overall, completed=done, total=total, diverged=diverged,
-                              remaining=int(total - done))
+        c = self.counts()
+        self._progress.update(self._overall, completed=c["done"], total=c["total"], diverged=c["diverged"],
+                              remaining=c["left"])
 
     def trial(self, entry: StudyProgress, outcome: TrialOutcome, totals: dict) -> None:
-        key = (entry.study.store_workload, entry.study.batch_size)
-        self._progress.update(self._tasks[key], completed=entry.done, total=entry.total, diverged=entry.diverged,
-                              remaining=entry.remaining)
-        self._refresh_overall()
+        if self._progress is not None:
+            self._sync()
+            return
+        done = self.counts()["done"]
+        if done - self._lines_at >= self.every_trials or time.monotonic() - self._last_line >= self.every_seconds:
+            self._progress_line()
 
     def worker_lost(self, keys: list[str]) -> None:
-        self._progress.console.print(f"[yellow]a worker died; re-running {len(keys)} trial(s) it held")
+        self._say(f"a worker died; re-running {len(keys)} trial(s) it held")
 
     def budget_grown(self, old, new) -> None:
         note = (f"budget grown: {old.store_workload} b={old.batch_size}: every trial ran out of steps before the "
                 f"goal at {old.steps} steps (no trial reached it; diverged and stopped-at-goal trials ignored); "
                 f"re-running its points with {new.steps} steps, decay and warmup steps stretched x{new.stretch:g}")
         self._notes.append(note)
-        self._progress.console.print(f"[yellow]{note}")
-        key = (old.store_workload, old.batch_size)
-        self._progress.update(self._tasks[key], total=self._progress.tasks[self._tasks[key]].total + new.trials)
+        self._say(note)
+        self._sync()
 
-    def finish(self, summary: SweepSummary) -> None:
-        from rich.table import Table
-
+    def close(self) -> None:
+        """Stop the progress display (at the end, or when the sweep is interrupted)."""
         if self._progress is not None:
             self._sync()
             self._progress.stop()
+            self._progress = None
+        elif self._entries and self._lines_at != self.counts()["done"]:
+            self._progress_line()
+
+    def finish(self, summary: SweepSummary) -> None:
+        from batchlab.analysis.critical_batch_size import REGISTRY
+        from batchlab.cli.output import line, print_table
+
+        self.close()
         goals = "; ".join(sorted({f"{g['metric']} {'>' if g['maximize'] else '<'} {g['goal']:g}"
                                   for g in summary.goals.values()}))
-        table = Table(
-            title=f"steps to result ({goals}), sweep {summary.sweep_id}: this sweep's trials only",
-            caption="(lower, upper]: the goal was first met after more than lower and at most upper updates "
-                    "(evaluation resolution); > N: not reached by any trial within N evaluated steps (censored); "
-                    "upper bound: one-sided upper bound on the median best-of-K-trials steps (K = trials analysed; "
-                    "no distribution-free lower bound exists); reached: trials that reached the goal / trials "
-                    "analysed (COMPLETE, STOPPED_AT_GOAL), other trials in parentheses (infeasible: diverged); "
-                    "regime: read from the measured points")
-        for column in ("workload", "batch size", "budget", "steps to result", "upper bound", "best trial", "reached",
-                       "regime", "study"):
-            table.add_column(column, justify="left" if column in ("workload", "regime", "study") else "right")
-        for w, rows in summary.results.items():
-            for r in rows:
+        rows = []
+        for w, results in summary.results.items():
+            for r in results:
                 fields = result_fields(summary, w, r)
                 budget = "-" if fields["budget"] is None else str(fields["budget"])
                 if fields["budget_round"]:
@@ -204,25 +247,26 @@ class RichReporter(Reporter):
                 others = {k: v for k, v in fields["statuses"].items() if k not in ("COMPLETE", "STOPPED_AT_GOAL")}
                 if others:
                     reached += " (" + ", ".join(f"{v} {k.lower()}" for k, v in sorted(others.items())) + ")"
-                table.add_row(w, str(r.batch_size), budget, bracket_text(fields), _fmt(upper, "-"),
-                              "-" if r.trial_id is None else f"#{r.trial_id}", reached,
-                              fields.get("regime") or "-", fields["study_id"] or "-")
-        self.out.print(table)
-        fits = Table(title="fitted S(B) = S_min + E_min / B (censored batch sizes as lower bounds)")
-        for column in ("workload", "S_min fit", "S_min measured", "E_min", "rms log resid", "batch sizes", "points",
-                       "censored", "B0"):
-            fits.add_column(column, justify="right" if column != "workload" else "left")
-        named_table = Table(title="critical batch sizes (data: read from the measured points; fit: from the fit)",
-                            caption="interval: nominal level in parentheses, - : no bound on that side, none: no "
-                                    "interval (data-read values are measured batch sizes; see the note for fitted "
-                                    "ones); targets and methods below")
-        for column in ("workload", "name", "value", "interval", "source", "note"):
-            named_table.add_column(column, justify="right" if column in ("value", "interval") else "left")
+                rows.append([w, str(r.batch_size), budget, bracket_text(fields), _fmt(upper, "-"),
+                             "-" if r.trial_id is None else f"#{r.trial_id}", reached, fields.get("regime") or "-",
+                             fields["study_id"] or "-"])
+        print_table(
+            f"steps to result ({goals}), sweep {summary.sweep_id}: this sweep's trials only",
+            ["workload", *((c, "right") for c in ("batch size", "budget", "steps to result", "upper bound",
+                                                 "best trial", "reached")), ("regime", "left"), ("study", "left")],
+            rows,
+            caption="(lower, upper]: the goal was first met after more than lower and at most upper updates "
+                    "(evaluation resolution); > N: not reached by any trial within N evaluated steps (censored); "
+                    "upper bound: one-sided upper bound on the median best-of-K-trials steps (K = trials analysed; "
+                    "no distribution-free lower bound exists); reached: trials that reached the goal / trials "
+                    "analysed (COMPLETE, STOPPED_AT_GOAL), other trials in parentheses (infeasible: diverged); "
+                    "regime: read from the measured points")
+        fit_rows, named_rows = [], []
         methods: dict[str, str] = {}
         definitions: dict[str, str] = {}
         for w, fit in summary.fits.items():
             if fit is None:
-                fits.add_row(w, *(["-"] * 8))
+                fit_rows.append([w, *(["-"] * 8)])
                 self._notes.append(f"no fit for {w}: {summary.fit_errors.get(w, 'no fit')}")
                 continue
             f = fit.get("fit", {})
@@ -243,12 +287,18 @@ class RichReporter(Reporter):
                 text = _fmt(f.get(name))
                 return text if not isinstance(entry, dict) else f"{text} {_interval_text(entry, fit)}"
 
-            fits.add_row(w, with_interval("s_min"), measured, with_interval("e_min"), _fmt(f.get("rms_log_residual"), "-"),
-                         "-" if span[0] is None else f"{_fmt(span[0])}-{_fmt(span[1])}",
-                         _fmt(fit.get("points_used"), "-"), _fmt(fit.get("censored_batch_sizes") or None, "-"),
-                         _fmt(fit.get("b0"), "-"))
-            for name, entry in fit.get("critical_batch_sizes", {}).items():
-                definitions.setdefault(name, entry.get("definition", ""))
+            fit_rows.append([w, with_interval("s_min"), measured, with_interval("e_min"),
+                             _fmt(f.get("rms_log_residual"), "-"),
+                             "-" if span[0] is None else f"{_fmt(span[0])}-{_fmt(span[1])}",
+                             _fmt(fit.get("points_used"), "-"), _fmt(fit.get("censored_batch_sizes") or None, "-"),
+                             _fmt(fit.get("b0"), "-")])
+            named = fit.get("critical_batch_sizes", {})
+            for d in REGISTRY:  # every named definition, in the registry's order
+                entry = named.get(d.name)
+                definitions.setdefault(d.name, d.definition)
+                if entry is None:
+                    named_rows.append([w, d.name, "null", "-", d.source, "not computed for this fit"])
+                    continue
                 note = entry.get("reason") or entry.get("note") or ""
                 described = entry.get("interval") or {}
                 if (isinstance(described, dict) and described.get("note") and entry.get("source") != "data"
@@ -259,25 +309,32 @@ class RichReporter(Reporter):
                 if entry.get("interpolated"):
                     note = ((note + "; " if note else "") + f"the ratio crosses 1 + tolerance near "
                             f"B = {_fmt(entry['interpolated'])} (log-log interpolation between measured batch sizes)")
-                named_table.add_row(w, name, _fmt(entry.get("value"), "null"), _interval_text(entry, fit),
-                                    str(entry.get("source", "")), note)
+                named_rows.append([w, d.name, _fmt(entry.get("value"), "null"), _interval_text(entry, fit),
+                                   str(entry.get("source", d.source)), note])
                 if isinstance(described, dict) and described.get("target"):
-                    methods.setdefault(f"{described['target']}: {described.get('method', '')}", name)
+                    methods.setdefault(f"{described['target']}: {described.get('method', '')}", d.name)
             if fit.get("extrapolated") and not any("extrapolated" in str(x) for x in fit.get("warnings", [])):
                 self._notes.append(f"{w}: B_crit of the fit lies outside the measured batch sizes (extrapolated)")
-            shown = [str(e.get("reason")) for e in fit.get("critical_batch_sizes", {}).values() if e.get("reason")]
+            shown = [str(e.get("reason")) for e in named.values() if isinstance(e, dict) and e.get("reason")]
             for warning in fit.get("warnings", []):
                 if not any(reason in str(warning) for reason in shown):  # null values' reasons are in the table
                     self._notes.append(f"{w}: warning: {warning}")
-        self.out.print(fits)
-        self.out.print(named_table)
+        print_table("fitted S(B) = S_min + E_min / B (censored batch sizes as lower bounds)",
+                    ["workload", *((c, "right") for c in ("S_min fit", "S_min measured", "E_min", "rms log resid",
+                                                         "batch sizes", "points", "censored", "B0"))], fit_rows)
+        print_table("critical batch sizes (data: read from the measured points; fit: from the fit)",
+                    ["workload", ("name", "left"), ("value", "right"), ("interval", "right"), ("source", "left"),
+                     ("note", "left")], named_rows,
+                    caption="interval: nominal level in parentheses, - : no bound on that side, none: no "
+                            "interval (data-read values are measured batch sizes; see the note for fitted "
+                            "ones); targets and methods below")
         for name, text in definitions.items():
-            self.out.print(f"  {name}: {text}")
+            line(f"  {name}: {text}")
         for text in methods:
-            self.out.print(f"  interval target and method: {text}")
+            line(f"  interval target and method: {text}")
         for note in self._notes:
-            self.out.print(note)
-        self.out.print(
+            line(note)
+        line(
             f"{summary.trials_run} trials run, {summary.trials_skipped} already finished, "
             f"{summary.workers_lost} lost to dead workers and re-run; {summary.wall_time_s:.1f} s; "
             f"store {summary.store_path}; sweep {summary.sweep_id}"

@@ -3,8 +3,8 @@
 Flow: :func:`prepare_sweep` validates everything that can be checked without training (names,
 search spaces, batch sizes against the training set, metaparameters against the optimizer, an
 analysis goal the stop rule could not answer) and gives every study (every budget round the growth
-rule may add included) its block of trial ids in the store (:func:`batchlab.sweep.keys.allocate_blocks`:
-a study already in the store keeps its block, a new study definition takes a free one, so sweeps
+rule may add included) its block of trial ids in the store (:func:`batchlab.sweep.keys.allocate_ids`:
+a study already in the store keeps its ids, a new study definition takes a free block, so sweeps
 with other settings on one store are kept apart); it writes nothing. :func:`run_sweep` then opens
 (or creates) the store, skips trials whose keys are published, submits the rest as tasks, and
 publishes each finished task's trials, with their study definition, in one atomic store commit.
@@ -15,7 +15,15 @@ and batch size. The driver is the only writer, so:
 * a SIGKILL of the driver loses the tasks in flight (workers die with it) and nothing else; the
   next run skips every published trial and re-runs the others, with the same ids, seeds and points;
 * a SIGKILL of a worker loses its task, which the driver runs again (the store's
-  ``publish_trials`` also skips keys already published, so no trial is ever stored twice).
+  ``publish_trials`` also skips keys already published, so no trial is ever stored twice);
+* Ctrl-C (KeyboardInterrupt) aborts the executor and raises :class:`SweepInterrupted`, which says
+  how many of the sweep's trials are in the store; ``batchlab sweep`` prints it as one line and exits
+  with status 130.
+
+Workloads reach the workers as the string :func:`batchlab.workloads.workload_key` gives (a registered
+name or a reference that workers re-import); a workload registered only in this process cannot be
+imported by pool or Dask workers, and :func:`run_sweep` refuses it (one line) unless an
+``executor_factory`` that runs in this process (``InlineExecutor``) is given.
 
 The vectorization rule (``vectorize = "auto"``): a study runs its trials K at a time
 (``vectorize_trials``) as one batched computation when its optimizer is vectorizable (sgd,
@@ -27,10 +35,12 @@ every worker gets a task.
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from batchlab.errors import BatchlabError
@@ -63,28 +73,44 @@ class StudyProgress:
 class SweepPlan:
     """A validated sweep, ready to run: its config, studies (round 0) and id blocks.
 
-    ``blocks``: ``{(store workload, batch size, budget round): id block}`` for every round the growth
-    rule may add; ``sweep_id``: the sweep's id (:func:`batchlab.sweep.keys.sweep_id`).
+    ``first_ids``: ``{(store workload, batch size, budget round): id of point 0}`` for every round the
+    growth rule may add (:func:`batchlab.sweep.keys.allocate_ids`); ``sweep_id``: the sweep's id
+    (:func:`batchlab.sweep.keys.sweep_id`); ``device_type``: the type the sweep's device resolved to.
     """
 
     config: SweepConfig
     store_path: str
     studies: list[StudyPlan]
     num_parameters: dict[str, int] = field(default_factory=dict)
-    blocks: dict[tuple[str, int, int], int] = field(default_factory=dict)
+    first_ids: dict[tuple[str, int, int], int] = field(default_factory=dict)
     sweep_id: str = ""
+    device_type: str = "cpu"
 
     def grown(self, study: StudyPlan) -> StudyPlan:
         """The next budget round of ``study``, in its id block."""
         bigger = study.grown(self.config.grow_factor)
-        block = self.blocks.get((bigger.store_workload, bigger.batch_size, bigger.budget_round))
-        if block is None:  # pragma: no cover - prepare_sweep plans every round the rule may add
+        first = self.first_ids.get((bigger.store_workload, bigger.batch_size, bigger.budget_round))
+        if first is None:  # pragma: no cover - prepare_sweep plans every round the rule may add
             raise BatchlabError(f"no id block planned for {bigger.name}")
-        return replace(bigger, id_block=block)
+        return replace(bigger, first_trial_id=first)
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`run_sweep`: ``saved`` of the sweep's ``total`` planned trials are in the
+    store (``run`` of them published by this run); re-running the same sweep resumes."""
+
+    def __init__(self, saved: int, run: int, total: int) -> None:
+        super().__init__(f"interrupted: {saved} trials saved; re-run the same command to resume")
+        self.saved, self.run, self.total = saved, run, total
 
 
 class Reporter:
-    """Receives the sweep's events (the CLI prints them as progress bars or JSON lines)."""
+    """Receives the sweep's events (the CLI prints them as progress bars or JSON lines).
+
+    ``start`` comes once, after the trials finished before this run are counted in every study's
+    :class:`StudyProgress`; ``trial`` after each trial this run publishes (its study's counts
+    already updated); ``budget_grown`` when a study gets a grown round (its trials finished before
+    this run are counted right after); ``finish`` with the summary."""
 
     def start(self, plan: SweepPlan, progress: list[StudyProgress], info: dict) -> None: ...
     def trial(self, progress: StudyProgress, outcome: TrialOutcome, totals: dict) -> None: ...
@@ -132,9 +158,13 @@ def prepare_sweep(config: SweepConfig, store_path: str | None = None) -> SweepPl
     path = store_path or config.store
     if not path:
         raise BatchlabError("no store given; pass --store DIR or set store = \"DIR\" in the sweep config")
-    studies = plan_studies(config)
+    parent = Path(path).expanduser().parent
+    if not parent.is_dir():
+        raise BatchlabError(f"store {str(path)!r}: the directory {str(parent)!r} does not exist (create it first)")
+    device_type = _device_type(config.device)
+    studies = plan_studies(config, device_type=device_type)
     num_parameters = {}
-    for name in config.workloads:
+    for name in dict.fromkeys(s.workload for s in studies):
         workload = get_workload(name)
         available = int(workload.split_sizes["train"])
         num_train = min(config.train_examples or available, available)
@@ -165,10 +195,31 @@ def prepare_sweep(config: SweepConfig, store_path: str | None = None) -> SweepPl
             except BatchlabError as exc:
                 raise BatchlabError(f"search space of {study.optimizer}: {exc}") from None
     every = _studies_with_growths(config, studies)
-    blocks = _allocate_blocks(path, every)
-    studies = [replace(s, id_block=blocks[(s.store_workload, s.batch_size, 0)]) for s in studies]
+    first_ids = _allocate_ids(path, every)
+    studies = [replace(s, first_trial_id=first_ids[(s.store_workload, s.batch_size, 0)]) for s in studies]
     return SweepPlan(config=config, store_path=str(path), studies=studies, num_parameters=num_parameters,
-                     blocks=blocks, sweep_id=studies[0].sweep if studies else "")
+                     first_ids=first_ids, sweep_id=studies[0].sweep if studies else "", device_type=device_type)
+
+
+def _device_type(device: str) -> str:
+    """The type (``cpu``, ``cuda``, ``mps``) that ``device`` resolves to in this process."""
+    from batchlab.train.device import device_type
+
+    return device_type(device)
+
+
+def check_workers_can_import(config: SweepConfig) -> None:
+    """BatchlabError (one line) when a workload of ``config`` cannot be re-imported by pool or Dask
+    workers: one registered only in this process (no reference, not an entry point)."""
+    from batchlab.workloads import worker_resolvable
+
+    for key in config.workloads:
+        if not worker_resolvable(key):
+            raise BatchlabError(
+                f"workload {key!r} is registered in this process only, so sweep workers cannot import it; "
+                "pass it as a reference (package.module:function or path/to/file.py:function) or run the "
+                "sweep in this process (executor_factory=InlineExecutor)"
+            )
 
 
 def _studies_with_growths(config: SweepConfig, studies: list[StudyPlan]) -> list[StudyPlan]:
@@ -185,12 +236,10 @@ def _studies_with_growths(config: SweepConfig, studies: list[StudyPlan]) -> list
     return sorted(every, key=lambda s: s.budget_round)
 
 
-def _allocate_blocks(path: str, studies: list[StudyPlan]) -> dict[tuple[str, int, int], int]:
-    """The id block of every study (all rounds), from the trials in the store at ``path`` (if any)."""
-    from pathlib import Path
-
+def _allocate_ids(path: str, studies: list[StudyPlan]) -> dict[tuple[str, int, int], int]:
+    """The first trial id of every study (all rounds), from the trials in the store at ``path`` (if any)."""
     from batchlab.store import Store
-    from batchlab.sweep.keys import allocate_blocks
+    from batchlab.sweep.keys import allocate_ids
 
     held: dict[tuple[str, int], dict[int, str]] = {}
     root = Path(path)
@@ -207,8 +256,8 @@ def _allocate_blocks(path: str, studies: list[StudyPlan]) -> dict[tuple[str, int
                 held.setdefault(place, {}).setdefault(int(header["trial_id"]), header.get("trial_key", ""))
     wanted = [((s.store_workload, s.batch_size), s.name, [(t.point_index, t.key) for t in s.trial_plans()])
               for s in studies]
-    blocks = allocate_blocks(wanted, held)
-    return {(s.store_workload, s.batch_size, s.budget_round): b for s, b in zip(studies, blocks)}
+    firsts = allocate_ids(wanted, held)
+    return {(s.store_workload, s.batch_size, s.budget_round): f for s, f in zip(studies, firsts)}
 
 
 def should_vectorize(config: SweepConfig, study: StudyPlan, num_parameters: int) -> bool:
@@ -229,19 +278,29 @@ def should_vectorize(config: SweepConfig, study: StudyPlan, num_parameters: int)
 
 def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
               executor_factory: Callable[..., Any] | None = None) -> SweepSummary:
-    """Run the planned sweep to the end (see the module docstring) and return its summary."""
-    from batchlab.store import Store
+    """Run the planned sweep to the end (see the module docstring) and return its summary.
+
+    Raises:
+        SweepInterrupted: on Ctrl-C (KeyboardInterrupt), after aborting the executor; the trials
+            published so far stay in the store.
+        BatchlabError: a workload pool or Dask workers cannot import (see the module docstring).
+    """
     from batchlab.sweep.executors import make_executor
 
     reporter = reporter or Reporter()
     config = plan.config
     started = time.perf_counter()
     workers = config.resolved_workers()
+    if executor_factory is None:
+        check_workers_can_import(config)
     factory = executor_factory or make_executor
+    kwargs = {"workers": workers, "dask": config.uses_dask, "scheduler": config.scheduler}
+    if _accepts(factory, "device"):
+        kwargs["device"] = config.device
     # The executor first: an unreachable scheduler fails before the store is created.
-    executor = factory(run_task, workers=workers, dask=config.uses_dask, scheduler=config.scheduler)
+    executor = factory(run_task, **kwargs)
     try:
-        store = Store.open(plan.store_path, create=True)
+        store, created = _open_store(plan.store_path)
         finished = store.finished_trial_keys()
     except BaseException:
         executor.abort()
@@ -255,14 +314,18 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
     def study_id(study: StudyPlan) -> tuple[str, int]:
         return (study.store_workload, study.batch_size)
 
+    def count_finished(study: StudyPlan) -> None:
+        """Count the trials of ``study`` finished before this run (once per round)."""
+        entry = progress[study_id(study)]
+        done_before = sum(1 for t in study.trial_plans() if t.key in finished)
+        entry.skipped += done_before
+        entry.done += done_before
+        counters["skipped"] += done_before
+
     def submit_round(study: StudyPlan) -> None:
         entry = progress[study_id(study)]
         trials = study.trial_plans()
-        done_before = [t for t in trials if t.key in finished]
         todo = [t for t in trials if t.key not in finished]
-        entry.skipped += len(done_before)
-        entry.done += len(done_before)
-        counters["skipped"] += len(done_before)
         state = round_state[(*study_id(study), study.budget_round)] = {
             "study": study, "pending": {t.key for t in todo}, "keys": [t.key for t in trials]
         }
@@ -290,16 +353,19 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
             entry.total += bigger.trials
             grown.append({"workload": study.store_workload, "batch_size": study.batch_size,
                           "from_steps": study.steps, "to_steps": bigger.steps, "round": bigger.budget_round})
+            count_finished(bigger)
             reporter.budget_grown(study, bigger)
             submit_round(bigger)
 
     planned_todo = sum(1 for s in plan.studies for t in s.trial_plans() if t.key not in finished)
     for study in plan.studies:
         progress[study_id(study)] = StudyProgress(study=study, total=study.trials)
-    reporter.start(plan, list(progress.values()),
-                   {"executor": executor.kind, "workers": executor.workers, "store": plan.store_path,
-                    "finished_before": sum(1 for s in plan.studies for t in s.trial_plans() if t.key in finished)})
+        count_finished(study)
     try:
+        reporter.start(plan, list(progress.values()),
+                       {"executor": executor.kind, "workers": executor.workers, "store": plan.store_path,
+                        "finished_before": counters["skipped"], "created_store": created,
+                        "device": config.device})
         initial: list[TrialTask] | None = []
         for study in plan.studies:
             submit_round(study)
@@ -336,6 +402,11 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
                 reporter.trial(entry, result, {"run": counters["run"], "skipped": counters["skipped"], "study": study})
             if not state["pending"]:
                 finish_round(study)
+    except KeyboardInterrupt:
+        executor.abort()  # published trials stay; the ones in flight are lost and re-run next time
+        total = sum(p.total for p in progress.values())
+        saved = sum(p.done for p in progress.values())
+        raise SweepInterrupted(saved=saved, run=counters["run"], total=total) from None
     except BaseException:
         executor.abort()  # published trials stay; the ones in flight are lost and re-run next time
         raise
@@ -347,6 +418,22 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
                         used)
     reporter.finish(summary)
     return summary
+
+
+def _accepts(factory: Callable[..., Any], name: str) -> bool:
+    """Whether ``factory`` takes the keyword ``name`` (executor factories written before ``device``)."""
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins
+        return False
+    return name in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
+def _open_store(path: str):
+    """The sweep's store and whether it was created now (:meth:`batchlab.store.Store.open_or_create`)."""
+    from batchlab.store import Store
+
+    return Store.open_or_create(path)
 
 
 def _publish(store, task: TrialTask, outcomes: list[TrialOutcome]) -> None:

@@ -3,6 +3,11 @@
 Workers never touch the store: they return each trial's status, step counts and measurements, and
 the sweep's driver publishes them. So a worker killed mid-task leaves nothing behind, and its task
 simply runs again.
+
+Tasks carry the workload as its key (a registered name or a reference,
+:func:`batchlab.workloads.workload_key`), never as an object, so a spawned pool worker or a Dask
+worker re-imports a user's workload from its file or package; and the device name the sweep was
+given (``auto`` in a pinned pool worker means that worker's GPU, :mod:`batchlab.train.device`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class TrialOutcome:
     measurements: list[dict[str, float]] = field(default_factory=list)
     wall_time_s: float = 0.0
     vectorized: bool = False
+    device: str = "cpu"  # where it trained (``cpu``, ``cuda:0``, ...: ``TrialResult.device``)
 
     @property
     def diverged(self) -> bool:
@@ -36,17 +42,18 @@ class TrialOutcome:
 
 
 def trial_spec(task: TrialTask, index: int):
-    """The :class:`batchlab.train.TrialSpec` of trial ``index`` of ``task``: the study's budget, its
-    evaluation schedule (``resolution``, ``evaluations``) and its study definition."""
+    """The :class:`batchlab.train.TrialSpec` of trial ``index`` of ``task``: the study's workload key,
+    budget, evaluation schedule (``resolution``, ``evaluations``), device and study definition."""
     from batchlab.train import TrialSpec
+    from batchlab.workloads import workload_key
 
     study, trial = task.study, task.trials[index]
     return TrialSpec(
-        workload=study.workload, optimizer=study.optimizer, batch_size=study.batch_size,
+        workload=workload_key(study.workload), optimizer=study.optimizer, batch_size=study.batch_size,
         hyperparameters=dict(trial.hyperparameters), steps=study.steps, train_examples=study.train_examples,
         seed=trial.seed, stop_at_goal=study.stop_at_goal, trial_id=trial.trial_id, trial_key=trial.key,
         search_space=study.stretched_search_space, data_seed=study.seed, resolution=study.resolution,
-        evaluations=study.evaluations, study_definition=study.definition, goal=study.goal,
+        evaluations=study.evaluations, study_definition=study.definition, goal=study.goal, device=study.device,
     )
 
 
@@ -69,7 +76,7 @@ def run_task(task: TrialTask) -> list[TrialOutcome]:
             steps_lower=result.steps_lower,
             measurements=[{k: float(v) if k != "step" else int(v) for k, v in row.items()}
                           for row in result.measurements],
-            wall_time_s=float(result.wall_time_s), vectorized=task.vectorized,
+            wall_time_s=float(result.wall_time_s), vectorized=task.vectorized, device=result.device,
         )
         for trial, result in zip(task.trials, results)
     ]

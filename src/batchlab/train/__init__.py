@@ -2,7 +2,9 @@
 
 ``TrialSpec``/``run_trial`` run one training run and record it into a store, with steps to the goal
 bracketed at a stated resolution (docs/methods.md, "Evaluation schedule and resolution");
-``batchlab.train.sampling.batch_indices`` defines which examples each update sees;
+``batchlab.train.sampling.BatchSampler`` (``batch_indices``) defines which examples each update sees;
+``batchlab.train.core`` is the loop, evaluation bookkeeping and replay shared with vectorized trials;
+``batchlab.train.device`` names and checks devices;
 ``run_study`` runs a study's quasi-random trials one after another.
 """
 
@@ -16,10 +18,9 @@ from batchlab.train.trial import (
     run_prepared,
     run_trial,
     stop_rule,
-    store_workload_name,
 )
 
 __all__ = [
     "StudyResult", "best_trial", "best_final_trial", "run_study", "TrialSpec", "TrialResult", "PreparedTrial",
-    "default_study_definition", "prepare_trial", "run_prepared", "run_trial", "stop_rule", "store_workload_name",
+    "default_study_definition", "prepare_trial", "run_prepared", "run_trial", "stop_rule",
 ]

@@ -15,6 +15,7 @@ import math
 import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -65,19 +66,21 @@ def evaluation_schedule(default: Iterable[int], total_steps: int, override: Sequ
     return sorted(steps)
 
 
-def measure(workload, model: torch.nn.Module, splits: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+def measure(workload, model: torch.nn.Module, splits: dict[str, Any]) -> dict[str, float]:
     """Evaluate ``model`` on each split, returning ``{"<split>/<metric>": value}`` as Python floats.
 
-    ``splits`` maps a split name (``"train"``, ``"val"``) to its ``(x, y)``. The model is put in eval
-    mode under ``torch.inference_mode`` and returned to its previous mode afterwards.
+    ``splits`` maps a split name (``"train"``, ``"val"``) to its data: a
+    :class:`batchlab.workloads.data.DataSplit` or an ``(x, y)`` pair, passed to
+    ``workload.evaluate(model, data, split=name)``. The model is put in eval mode under
+    ``torch.inference_mode`` and returned to its previous mode afterwards.
     """
     was_training = model.training
     model.eval()
     metrics: dict[str, float] = {}
     try:
         with torch.inference_mode():
-            for split, (x, y) in splits.items():
-                for name, value in workload.evaluate(model, x, y, split=split).items():
+            for split, data in splits.items():
+                for name, value in workload.evaluate(model, data, split=split).items():
                     metrics[name] = float(value)
     finally:
         model.train(was_training)
@@ -229,17 +232,20 @@ def budgeted_plan(plan: EvaluationPlan, budget: float, batch_size: int, total_st
     return current()
 
 
-def subset_splits(splits: dict[str, tuple[torch.Tensor, torch.Tensor]], examples: dict[str, int]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Each split cut once to its fixed evaluation subset of ``examples[split]`` examples (if fewer).
+def subset_splits(splits: dict[str, Any], examples: dict[str, int]) -> dict[str, Any]:
+    """Each split (a :class:`batchlab.workloads.data.DataSplit` or an ``(x, y)`` pair) cut once to its
+    fixed evaluation subset of ``examples[split]`` examples (if fewer), as a ``DataSplit``.
 
     Uses :func:`batchlab.workloads.metrics.fixed_subset`, the subset the workload's ``evaluate``
     itself takes, so cutting here first gives the same examples in the same order (hence identical
     measurements) while sparing each evaluation the permutation and the gather.
     """
+    from batchlab.workloads.data import as_split
     from batchlab.workloads.metrics import fixed_subset
 
     cut = {}
-    for split, (x, y) in splits.items():
-        subset = fixed_subset(len(x), examples.get(split))
-        cut[split] = (x, y) if subset is None else (x.index_select(0, subset), y.index_select(0, subset))
+    for name, data in splits.items():
+        split = as_split(data, name)
+        subset = fixed_subset(len(split), examples.get(name))
+        cut[name] = split if subset is None else split.subset(subset)
     return cut

@@ -10,6 +10,11 @@ permutation of the training set; update ``k`` of the epoch takes the permutation
 permutation are skipped for that epoch only (a different remainder each epoch), so every batch holds
 distinct examples and has exactly ``batch_size`` of them. ``batch_size == num_train`` is full-batch
 training (every update sees the whole training set, reordered).
+
+:class:`BatchSampler` is the sampler of one trial (what the training loop calls every update);
+:func:`batch_indices` is the same order as a pure function. Indices are CPU tensors on every device:
+a data split turns them into a batch (``DataSplit.batch``) and the trainer moves the batch, so the
+batch order does not depend on the device.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import torch
 
 from batchlab.errors import BatchlabError
 
-__all__ = ["batch_indices", "updates_per_epoch"]
+__all__ = ["BatchSampler", "batch_indices", "updates_per_epoch"]
 
 
 def _as_int(name: str, value: object) -> int:
@@ -57,6 +62,39 @@ def _epoch_permutation(num_train: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(num_train, generator=generator)
 
 
+class BatchSampler:
+    """The batch order of one trial: ``indices(step)`` is ``batch_indices(num_train, batch_size, seed, step)``.
+
+    Validated once (the errors of :func:`batch_indices`); each call then costs a slice of the current
+    epoch's permutation, which the sampler keeps (one cached ``torch.randperm`` per epoch, copied once
+    so that the sampler never exposes the shared cache). ``indices`` returns a view of that copy:
+    read it, do not modify it in place (:func:`batch_indices` returns an owned copy).
+    """
+
+    __slots__ = ("num_train", "batch_size", "seed", "per_epoch", "_epoch", "_permutation")
+
+    def __init__(self, num_train: int, batch_size: int, seed: int) -> None:
+        self.per_epoch = updates_per_epoch(num_train, batch_size)
+        self.num_train, self.batch_size = _as_int("num_train", num_train), _as_int("batch size", batch_size)
+        self.seed = _as_int("seed", seed)
+        if self.seed < 0:
+            raise BatchlabError(f"seed must be >= 0, got {self.seed}")
+        self._epoch: int | None = None
+        self._permutation: torch.Tensor | None = None
+
+    def indices(self, step: int) -> torch.Tensor:
+        """The example indices (int64, CPU, shape ``(batch_size,)``) of update ``step`` (0-based, >= 0)."""
+        epoch, position = divmod(step, self.per_epoch)
+        if epoch != self._epoch:
+            if step < 0:
+                raise BatchlabError(f"step must be >= 0, got {step}")
+            self._permutation, self._epoch = _epoch_permutation(self.num_train, self.seed, epoch).clone(), epoch
+        return self._permutation[position * self.batch_size : (position + 1) * self.batch_size]
+
+    def __repr__(self) -> str:
+        return f"BatchSampler(num_train={self.num_train}, batch_size={self.batch_size}, seed={self.seed})"
+
+
 def batch_indices(num_train: int, batch_size: int, seed: int, step: int) -> torch.Tensor:
     """Return the training-example indices of update ``step`` (0-based), as a LongTensor of shape (batch_size,).
 
@@ -73,11 +111,6 @@ def batch_indices(num_train: int, batch_size: int, seed: int, step: int) -> torc
         raise BatchlabError(f"step must be >= 0, got {step}")
     if seed < 0:
         raise BatchlabError(f"seed must be >= 0, got {seed}")
-    return _batch_indices_unchecked(num_train, batch_size, seed, step, per_epoch)
-
-
-def _batch_indices_unchecked(num_train: int, batch_size: int, seed: int, step: int, per_epoch: int) -> torch.Tensor:
-    """:func:`batch_indices` without input checks, for the training loop's hot path."""
     epoch, position = divmod(step, per_epoch)
     start = position * batch_size
     # clone: callers own the result and may modify it without touching the cached permutation

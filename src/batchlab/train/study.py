@@ -12,7 +12,11 @@ Conventions:
   as in ``batchlab.sweep``.
 * The study definition (``batchlab.store.studies.make_study_definition``, source ``"batchlab study"``)
   is the same for every trial: budget, training examples, search space, evaluation rule
-  (``{"rule": "geometric", "resolution": r, "refine": "replay"}``), stop rule (with ``stop_at_goal``) and ``seed``.
+  (``{"rule": "geometric", "resolution": r, "refine": "replay"}``), stop rule (with ``stop_at_goal``),
+  ``seed``, and the device type when it is not the CPU.
+* ``workload`` is a :class:`batchlab.workloads.Workload` or anything
+  :func:`batchlab.workloads.resolve_workload` accepts (a name, an entry point, a reference); the
+  trials carry it as given.
 * The best trial (Shallue et al.'s protocol, docs/methods.md, "Steps to result"): among trials that ran
   to their budget (COMPLETE) or stopped at the goal (STOPPED_AT_GOAL), the one with the fewest steps
   to the goal; ties go to the lower trial id. When no trial reached the goal, the study reports
@@ -34,7 +38,6 @@ from batchlab.train.trial import (
     prepare_trial,
     run_prepared,
     stop_rule,
-    store_workload_name,
 )
 from batchlab.workloads.schedule import DEFAULT_RESOLUTION
 
@@ -83,7 +86,7 @@ def best_final_trial(trials: list[TrialResult]) -> TrialResult | None:
 
 
 def study_trial_specs(
-    workload: str,
+    workload: Any,
     optimizer: str,
     batch_size: int,
     trials: int,
@@ -96,13 +99,16 @@ def study_trial_specs(
     train_eval_examples: int | None = None,
     resolution: float = DEFAULT_RESOLUTION,
     refine: str = "replay",
+    device: str = "auto",
 ) -> list[TrialSpec]:
     """The specs of ``trials`` consecutive trials of a study, starting at ``first_trial_id``.
 
-    ``eval_budget``, ``train_eval_examples``, ``resolution`` and ``refine`` are as in :class:`TrialSpec`,
-    the same for every trial, as is the study definition (see the module docstring)."""
+    ``eval_budget``, ``train_eval_examples``, ``resolution``, ``refine`` and ``device`` are as in
+    :class:`TrialSpec`, the same for every trial, as is the study definition (see the module docstring)."""
     from batchlab.search import default_search_space
-    from batchlab.workloads import get_workload
+    from batchlab.store.schema import store_workload_name
+    from batchlab.train.device import device_type
+    from batchlab.workloads import resolve_workload
 
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise BatchlabError(f"number of trials must be an integer >= 1, got {trials!r}")
@@ -112,14 +118,15 @@ def study_trial_specs(
     first_index = max(0, int(first_trial_id) - 1)
     points = space.sample(first_index + trials, seed=seed)[first_index:]
     configs = space.to_batch_science()
-    w = get_workload(workload)
+    w = resolve_workload(workload)
+    kind = device_type(device)
     probe = TrialSpec(workload=workload, optimizer=optimizer, batch_size=batch_size, hyperparameters={}, steps=steps,
                       train_examples=train_examples, data_seed=seed, search_space=configs)
     evaluation = geometric_evaluation(resolution, refine, eval_budget)
     try:
         definition = default_study_definition(
             probe, store_workload=store_workload_name(w.name, optimizer), steps=steps, evaluation=evaluation,
-            stop_rule=stop_rule(w) if stop_at_goal else None, source="batchlab study",
+            stop_rule=stop_rule(w) if stop_at_goal else None, source="batchlab study", device=kind,
         )
     except BatchlabError:
         definition = None  # bad input: prepare_trial names it
@@ -141,13 +148,14 @@ def study_trial_specs(
             resolution=resolution,
             refine=refine,
             study_definition=definition,
+            device=device,
         )
         for i, point in enumerate(points)
     ]
 
 
 def check_study(
-    workload: str,
+    workload: Any,
     optimizer: str,
     batch_size: int,
     trials: int,
@@ -159,20 +167,21 @@ def check_study(
     train_eval_examples: int | None = None,
     resolution: float = DEFAULT_RESOLUTION,
     refine: str = "replay",
+    device: str = "auto",
 ) -> int:
-    """Validate a study (workload, optimizer, batch size, data, budget) without writing anything;
-    return its step budget (``steps``, or the workload's default). Raises BatchlabError."""
-    from batchlab.workloads import get_workload
+    """Validate a study (workload, optimizer, batch size, data, budget, device) without writing
+    anything; return its step budget (``steps``, or the workload's default). Raises BatchlabError."""
+    from batchlab.workloads import resolve_workload
 
-    budget = get_workload(workload).default_steps if steps is None else steps
+    budget = resolve_workload(workload).default_steps if steps is None else steps
     probe = study_trial_specs(workload, optimizer, batch_size, trials, 1, budget, train_examples, seed, stop_at_goal,
-                              eval_budget, train_eval_examples, resolution, refine)[0]
+                              eval_budget, train_eval_examples, resolution, refine, device)[0]
     prepare_trial(probe)
     return budget
 
 
 def run_study(
-    workload: str,
+    workload: Any,
     optimizer: str,
     batch_size: int,
     trials: int,
@@ -187,25 +196,27 @@ def run_study(
     train_eval_examples: int | None = None,
     resolution: float = DEFAULT_RESOLUTION,
     refine: str = "replay",
+    device: str = "auto",
 ) -> StudyResult:
     """Run ``trials`` trials of one study one after another, each recorded into ``store``.
 
     Everything is validated first (:func:`check_study`), so bad input writes nothing.
     ``steps=None`` uses the workload's default budget. ``on_trial`` is called after each trial.
-    ``eval_budget``, ``train_eval_examples``, ``resolution`` and ``refine`` are as in :class:`TrialSpec`.
+    ``eval_budget``, ``train_eval_examples``, ``resolution``, ``refine`` and ``device`` are as in
+    :class:`TrialSpec`.
     """
     from batchlab.search import default_search_space
+    from batchlab.store.schema import store_workload_name
+    from batchlab.workloads import resolve_workload
 
     if store is None:
         raise BatchlabError("a study needs a store to record its trials")
     budget = check_study(workload, optimizer, batch_size, trials, steps, train_examples, seed, stop_at_goal,
-                         eval_budget, train_eval_examples, resolution, refine)
-    from batchlab.workloads import get_workload
-
-    name = store_workload_name(get_workload(workload).name, optimizer)
+                         eval_budget, train_eval_examples, resolution, refine, device)
+    name = store_workload_name(resolve_workload(workload).name, optimizer)
     first_id = store.next_trial_id(name, int(batch_size))
     specs = study_trial_specs(workload, optimizer, batch_size, trials, first_id, budget, train_examples, seed, stop_at_goal,
-                              eval_budget, train_eval_examples, resolution, refine)
+                              eval_budget, train_eval_examples, resolution, refine, device)
     result = StudyResult(
         workload=name,
         batch_size=int(batch_size),

@@ -3,10 +3,15 @@
 Contract (see docs/internals.md):
 
 * ``steps`` counts optimizer updates; a measurement at step ``t`` is taken after ``t`` updates.
-* Batches come from :func:`batchlab.train.sampling.batch_indices` with the trial's ``seed``.
+* Batches come from :class:`batchlab.train.sampling.BatchSampler` with the trial's ``seed`` (indices on
+  the CPU), turned into examples by the workload's training split (``data.train.batch(indices)``)
+  and moved to the trial's device (:mod:`batchlab.train.device`; in-memory tensors are moved once).
+* The loop, the evaluation bookkeeping and the replay are :mod:`batchlab.train.core`'s, shared with
+  the vectorized trials of :mod:`batchlab.sweep.vectorized`.
 * The model is initialised by ``workload.build_model(seed)``; any other randomness inside the loop
-  (dropout, sampled curvature) draws from torch's global generator, seeded with ``seed`` inside a
-  forked RNG state, so the same spec gives identical measurements and the caller's RNG is untouched.
+  (dropout, sampled curvature) draws from torch's global generator (and the device's), seeded with
+  ``seed`` inside a forked RNG state, so the same spec gives identical measurements on one device and
+  the caller's RNG is untouched.
 * Evaluations (docs/methods.md, "Evaluation schedule and resolution"): every metric at the workload's
   full steps (dense early, regular later), and the goal metric at the resolution steps (consecutive
   steps within a factor ``1 + resolution``, every step while ``1 / resolution`` is larger), in one of
@@ -42,42 +47,48 @@ Contract (see docs/internals.md):
   ``batchlab.store.studies.make_study_definition`` from the spec (store workload name, batch size,
   budget, train examples, search space, evaluation rule, stop rule, data seed, source
   ``"batchlab train"``), passed to ``store.trial_writer``.
+  On a device other than the CPU the definition carries ``device`` (its type), so GPU studies are
+  kept apart from CPU ones.
 * The store's workload is ``f"{workload.name}/{optimizer}"`` (dataset/model/optimizer, like the
-  release); the trial id defaults to ``store.next_trial_id(...)``.
+  release: :func:`batchlab.store.schema.store_workload_name`); the trial id defaults to
+  ``store.next_trial_id(...)``.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
-import functools
 import math
 import operator
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from batchlab.errors import BatchlabError, unknown_name_error
+from batchlab.train.core import TrialProgress, batch_source, device_split, evaluate_trials, replay_bracket, train_loop
+from batchlab.train.device import fork_rng, get_rng_state, resolve_device, set_rng_state
 from batchlab.train.divergence import DivergenceMonitor
 from batchlab.train.evaluation import (
     EvaluationPlan,
-    bracket,
     budgeted_plan,
     check_eval_budget,
     evaluation_schedule,
-    goal_reached,
     measure,
     subset_splits,
 )
-from batchlab.train.sampling import _epoch_permutation, updates_per_epoch
+from batchlab.train.sampling import BatchSampler, updates_per_epoch
 from batchlab.workloads.schedule import DEFAULT_RESOLUTION, check_resolution, schedule_resolution
+
+if TYPE_CHECKING:
+    from batchlab.workloads import Workload
 
 __all__ = [
     "TrialSpec", "TrialResult", "PreparedTrial", "default_study_definition", "prepare_trial", "run_prepared", "run_trial",
-    "stop_rule", "store_workload_name",
+    "stop_rule", "trial_result", "new_progress",
 ]
 
 @dataclass
@@ -85,7 +96,9 @@ class TrialSpec:
     """Everything that defines one trial.
 
     Attributes:
-        workload: registry name ``dataset/model`` (e.g. ``"mnist/fc_128_128_128"``).
+        workload: a :class:`batchlab.workloads.Workload`, or what :func:`batchlab.workloads.resolve_workload`
+            accepts: a registered name ``dataset/model`` (e.g. ``"mnist/fc_128_128_128"``), an entry
+            point name, ``package.module:function`` or ``path/to/file.py:function``.
         optimizer: optimizer name (``batchlab.optim.optimizer_names()``).
         batch_size: examples per update, ``1..num_train``.
         hyperparameters: ``{name: value}`` with the release's names (``learning_rate``, ...);
@@ -126,13 +139,15 @@ class TrialSpec:
             (:func:`batchlab.train.evaluation.budgeted_plan` states the order, the floors and the
             cost in resolution). ``None`` (default): the workload's full schedule and subsets, the
             finest steps-to-result resolution. Cannot be combined with ``evaluation_steps``.
+        device: ``auto`` (a GPU when one is present), ``cpu``, ``cuda``, ``cuda:N`` or ``mps``
+            (:mod:`batchlab.train.device`): where the model trains and is evaluated.
 
     ``train/*`` metrics are measured by ``workload.evaluate`` on a fixed subset of the training set
     (the workload's cap, ``train_eval_examples`` or the budget's), ``val/*`` metrics on the
     validation set (whole unless the budget shrank it to a fixed subset).
     """
 
-    workload: str
+    workload: str | Workload
     optimizer: str
     batch_size: int
     hyperparameters: dict[str, Any]
@@ -152,6 +167,7 @@ class TrialSpec:
     refine: str = "replay"
     study_definition: dict | None = None
     goal: float | None = None
+    device: str = "auto"
 
 
 @dataclass
@@ -165,7 +181,8 @@ class TrialResult:
     at resolution steps); ``wall_time_s`` = seconds the run took (store setup, updates,
     evaluations, recording; loading data and building the model excluded), of which
     ``evaluation_time_s`` went to evaluating and recording (store writes and the final publish);
-    ``evaluation_cpu_s`` is the same part in this process's CPU seconds (``time.process_time``)."""
+    ``evaluation_cpu_s`` is the same part in this process's CPU seconds (``time.process_time``);
+    ``device`` = where it trained (``"cpu"``, ``"cuda:0"``, ...)."""
 
     workload: str
     batch_size: int
@@ -186,6 +203,7 @@ class TrialResult:
     steps_lower: int | None = None
     resolution: float | None = None
     study_definition: dict | None = None
+    device: str = "cpu"
 
     def final_metric(self) -> float | None:
         """The goal metric at the last evaluation (``None`` if never measured)."""
@@ -197,7 +215,10 @@ class TrialResult:
 
 @dataclass
 class PreparedTrial:
-    """A validated trial with its data, model and training algorithm built, ready to run."""
+    """A validated trial with its data, model and training algorithm built, ready to run.
+
+    ``train`` is the training split (a :class:`batchlab.workloads.data.DataSplit`, tensors already on
+    ``device``), ``eval_splits`` the evaluation splits cut to their fixed subsets."""
 
     spec: TrialSpec
     workload: Any
@@ -205,10 +226,9 @@ class PreparedTrial:
     steps: int
     schedule: list[int]
     parameters: dict[str, Any]
-    train_x: torch.Tensor
-    train_y: torch.Tensor
+    train: Any
     num_train: int
-    eval_splits: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    eval_splits: dict[str, Any]
     model: torch.nn.Module
     algorithm: Any
     evaluation_examples: dict[str, int] = field(default_factory=dict)
@@ -217,17 +237,13 @@ class PreparedTrial:
     resolution: float | None = None
     study_definition: dict | None = None
     refine_steps: list[int] = field(default_factory=list)
+    device: torch.device = torch.device("cpu")
 
-    def splits_at(self, step: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    def splits_at(self, step: int) -> dict[str, Any]:
         """What the evaluation at ``step`` measures: every split at a full step, else the goal split."""
         if step in self.full_steps or self.goal_split not in self.eval_splits:
             return self.eval_splits
         return {self.goal_split: self.eval_splits[self.goal_split]}
-
-
-def store_workload_name(workload: str, optimizer: str) -> str:
-    """The store's (and the release's) workload name: ``dataset/model/optimizer``."""
-    return f"{workload}/{optimizer}"
 
 
 def _as_int(name: str, value: Any, minimum: int) -> int:
@@ -261,27 +277,46 @@ def _checked_hyperparameters(hyperparameters: dict[str, Any]) -> dict[str, Any]:
     return checked
 
 
-@functools.lru_cache(maxsize=2)
-def _load_data(workload_name: str, train_examples: int | None, data_seed: int):
-    """Load a workload's data, kept for the next trial of the same study (tensors are never modified)."""
-    from batchlab.workloads import get_workload
+_DATA_CACHE: collections.OrderedDict = collections.OrderedDict()
+_DATA_CACHE_SIZE = 2
 
-    return get_workload(workload_name).load_data(train_examples=train_examples, seed=data_seed)
+
+def _load_data(workload: Any, key: Any, train_examples: int | None, data_seed: int):
+    """``workload.load_data(...)``, kept for the next trials of the same study (data are never modified).
+
+    Keyed by ``key``: the string the trial's workload is known by (its normalised reference, or the
+    registered name the trial gave), which resolves to the same workload every time, or the workload
+    object itself (by identity) when the trial was given an object without a reference. The two most
+    recent are kept.
+    """
+    cache_key = (key if isinstance(key, str) else ("object", id(key)), train_examples, data_seed)
+    hit = _DATA_CACHE.get(cache_key)
+    if hit is not None and (isinstance(key, str) or hit[0] is key):
+        _DATA_CACHE.move_to_end(cache_key)
+        return hit[1]
+    data = workload.load_data(train_examples=train_examples, seed=data_seed)
+    _DATA_CACHE[cache_key] = (key, data)  # the object is held, so its id stays its own
+    while len(_DATA_CACHE) > _DATA_CACHE_SIZE:
+        _DATA_CACHE.popitem(last=False)
+    return data
 
 
 def prepare_trial(spec: TrialSpec) -> PreparedTrial:
     """Validate ``spec`` and build everything a trial needs; writes nothing anywhere.
 
     Raises:
-        BatchlabError: unknown workload or optimizer (closest name suggested), batch size outside
+        BatchlabError: unknown workload or optimizer (closest name suggested), a bad workload
+            reference, an unknown or unavailable device, batch size outside
             ``1..num_train``, learning rate <= 0, bad steps/seed/examples, an evaluation budget that
             is not a number > 0 or comes with explicit evaluation steps, a missing data package
             (the data module's message), or hyperparameters the optimizer rejects.
     """
     from batchlab.optim import build_training_algorithm, optimizer_names
-    from batchlab.workloads import get_workload
+    from batchlab.store.schema import store_workload_name
+    from batchlab.workloads import resolve_workload
 
-    workload = get_workload(spec.workload)
+    workload = resolve_workload(spec.workload)
+    device = resolve_device(spec.device)
     known = optimizer_names()
     if spec.optimizer not in known:
         raise unknown_name_error("optimizer", spec.optimizer, known)
@@ -315,17 +350,18 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
     if spec.eval_budget is not None and spec.evaluation_steps is not None:
         raise BatchlabError("give either an evaluation budget or explicit evaluation steps (--eval-every), not both")
 
-    data = _load_data(workload.name, train_examples, data_seed)
+    data = _load_data(workload, workload.reference or spec.workload, train_examples, data_seed)
     num_train = int(data.num_train)
     updates_per_epoch(num_train, batch_size)  # batch size within 1..num_train
-    splits = {"train": (data.train_x, data.train_y), "val": (data.val_x, data.val_y)}
-    caps = getattr(workload, "eval_examples", {}) or {}
+    train = device_split(data.train, device)
+    splits = {"train": train, "val": device_split(data.val, device)}
+    caps = workload.eval_examples or {}
     examples = {}
-    for split, (x, _) in splits.items():
+    for split, part in splits.items():
         cap = caps.get(split)
         if split == "train" and train_eval_examples is not None:
             cap = train_eval_examples if cap is None else min(cap, train_eval_examples)
-        examples[split] = len(x) if cap is None else min(len(x), int(cap))
+        examples[split] = len(part) if cap is None else min(len(part), int(cap))
     plan = EvaluationPlan(schedule, examples, goal_steps, workload.goal_split)
     if spec.eval_budget is not None:
         plan = budgeted_plan(plan, spec.eval_budget, batch_size, steps)
@@ -340,6 +376,7 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
         definition = default_study_definition(
             spec, store_workload=store_workload, steps=steps, evaluation=evaluation,
             stop_rule=stop_rule(workload, spec.goal) if spec.stop_at_goal else None, source="batchlab train",
+            device=device.type,
         )
 
     label_smoothing = float(parameters.get("label_smoothing") or 0.0)
@@ -348,11 +385,14 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
         return workload.loss(logits, y, label_smoothing=label_smoothing)
 
     model = workload.build_model(seed=seed)
+    if device.type != "cpu":
+        model = model.to(device)
     # One example through the model and loss checks label_smoothing against the number of classes
     # now, before anything is written (eval mode and a forked RNG: no state of the trial changes).
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+    with torch.no_grad(), fork_rng(device):
         model.eval()
-        loss_fn(model(data.train_x[:1]), data.train_y[:1])
+        x, y = batch_source(train, device)(torch.arange(1))
+        loss_fn(model(x), y)
         model.train()
     algorithm = build_training_algorithm(
         spec.optimizer, model, loss_fn, hyperparameters=parameters, total_steps=steps
@@ -364,8 +404,7 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
         steps=steps,
         schedule=plan.all_steps(),
         parameters=parameters,
-        train_x=data.train_x,
-        train_y=data.train_y,
+        train=train,
         num_train=num_train,
         eval_splits=subset_splits(splits, plan.examples),
         model=model,
@@ -376,6 +415,7 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
         resolution=schedule_resolution(sorted(set(plan.all_steps()) | set(refine_steps))),
         study_definition=definition,
         refine_steps=refine_steps,
+        device=device,
     )
 
 
@@ -408,14 +448,15 @@ def trial_goal(spec: "TrialSpec", workload) -> float:
 
 
 def default_study_definition(spec: TrialSpec, *, store_workload: str, steps: int, evaluation: dict,
-                             stop_rule: dict | None, source: str, **extra: Any) -> dict:
-    """The study definition of ``spec`` (``batchlab.store.studies.make_study_definition``)."""
+                             stop_rule: dict | None, source: str, device: str | None = None, **extra: Any) -> dict:
+    """The study definition of ``spec`` (``batchlab.store.studies.make_study_definition``); ``device``
+    is the device type the trials run on (recorded only when not ``"cpu"``)."""
     from batchlab.store.studies import make_study_definition
 
     return make_study_definition(
         workload=store_workload, batch_size=int(spec.batch_size), train_steps=int(steps),
         train_examples=spec.train_examples, search_space=spec.search_space, evaluation=evaluation,
-        stop_rule=stop_rule, seed=int(spec.data_seed), source=source, **extra,
+        stop_rule=stop_rule, seed=int(spec.data_seed), source=source, device=device, **extra,
     )
 
 
@@ -425,8 +466,8 @@ def run_prepared(
     on_measurement: Callable[[dict[str, float]], None] | None = None,
 ) -> TrialResult:
     """Run a prepared trial (once: the model trains in place), recording into ``store`` if given."""
-    spec, workload, algorithm = prepared.spec, prepared.workload, prepared.algorithm
-    batch_size, seed, total = int(spec.batch_size), int(spec.seed), prepared.steps
+    spec, workload, algorithm, model = prepared.spec, prepared.workload, prepared.algorithm, prepared.model
+    batch_size, seed, total, device = int(spec.batch_size), int(spec.seed), prepared.steps, prepared.device
     start = time.perf_counter()
 
     trial_id, trial_key, writer = spec.trial_id, spec.trial_key, None
@@ -451,133 +492,120 @@ def run_prepared(
             **definition,
         )
 
-    metric, goal, maximize = workload.metric, trial_goal(spec, workload), bool(workload.maximize)
-    measurements: list[dict[str, float]] = []
-    steps_to_goal: int | None = None
-    steps_lower: int | None = None
-    status = "COMPLETE"
+    def on_record(row: dict[str, float]) -> None:
+        if writer is not None:
+            writer.record(row["step"], {k: v for k, v in row.items() if k != "step"})
+        if on_measurement is not None:
+            on_measurement(dict(row))
+
+    progress = new_progress(prepared, on_record)
     evaluation_time = evaluation_cpu = 0.0
+    sampler = BatchSampler(prepared.num_train, batch_size, seed)
+    batch = batch_source(prepared.train, device)
+    replay = bool(prepared.refine_steps)
+    snapshot: tuple | None = None  # (step, copy of (model, algorithm), RNG state) while the goal is unmet
+
+    def take_snapshot(step: int) -> None:
+        nonlocal snapshot
+        snapshot = (step, _copy_training_state(model, algorithm), get_rng_state(device))
+
+    def replay_goal(reached: dict, upto: int) -> dict:
+        """The snapshot's copy trained again towards ``upto`` (the same batches and RNG stream as the
+        trial itself, so it follows the trial's own trajectory); the live RNG state is restored."""
+        begin, (twin, twin_algorithm), rng_state = snapshot
+        steps = [s for s in prepared.refine_steps if begin < s < upto]
+        if not steps:
+            return {}
+        splits = {prepared.goal_split: prepared.eval_splits[prepared.goal_split]}
+
+        def advance(step: int) -> None:
+            twin_algorithm.step(*batch(sampler.indices(step)))
+
+        def measure_twin(key: Any, step: int) -> dict[str, float]:
+            with twin_algorithm.evaluation_weights():
+                return measure(workload, twin, splits)
+
+        live_state = get_rng_state(device)
+        set_rng_state(rng_state, device)
+        try:
+            return replay_bracket(reached, steps, begin, advance, measure_twin)
+        finally:
+            set_rng_state(live_state, device)
 
     def evaluate(step: int) -> bool:
         """Measure at ``step``, record it; return True if the trial must stop here."""
         nonlocal evaluation_time, evaluation_cpu
         started, started_cpu = time.perf_counter(), time.process_time()
+
+        def measure_live(key: Any) -> dict[str, float]:
+            with algorithm.evaluation_weights():
+                return measure(workload, model, prepared.splits_at(step))
+
         try:
-            return _evaluate(step)
+            evaluate_trials(step, ((0, progress),), measure_live, replay_goal if replay else None)
+            if replay and progress.searching:
+                take_snapshot(step)
+            return progress.stopped
         finally:
             evaluation_time += time.perf_counter() - started
             evaluation_cpu += time.process_time() - started_cpu
 
-    replay = bool(prepared.refine_steps)
-    snapshot: tuple | None = None  # (step, copy of (model, algorithm), torch RNG state) while the goal is unmet
-    stopped_at: int | None = None
+    # The hot loop: one sampled batch, one update, one divergence check per step; nothing else.
+    indices, step_fn, diverged = sampler.indices, algorithm.step, DivergenceMonitor().diverged
 
-    def record(row: dict[str, float]) -> None:
-        if writer is not None:
-            writer.record(row["step"], {k: v for k, v in row.items() if k != "step"})
-        measurements.append(row)
-        if on_measurement is not None:
-            on_measurement(dict(row))
-
-    def take_snapshot(step: int) -> None:
-        nonlocal snapshot
-        snapshot = (step, _copy_training_state(prepared.model, algorithm), torch.get_rng_state())
-
-    def _evaluate(step: int) -> bool:
-        nonlocal steps_to_goal, steps_lower, status, stopped_at
-        with algorithm.evaluation_weights():
-            metrics = measure(workload, prepared.model, prepared.splits_at(step))
-        row = {"step": step, **metrics}
-        if not all(math.isfinite(v) for v in metrics.values()):
-            record(row)
-            status = "INFEASIBLE"
+    def update(step: int) -> bool:
+        if diverged(step_fn(*batch(indices(step)))):
+            progress.diverged()
             return True
-        if steps_to_goal is None and metric in metrics and goal_reached(metrics[metric], goal, maximize):
-            if replay and snapshot is not None:
-                rows, found = _replay_bracket(prepared, snapshot, step)
-                snapshot_step = snapshot[0]
-                for refined in rows:
-                    record(refined)
-                if found is not None:
-                    steps_to_goal = found
-                    steps_lower = bracket([snapshot_step] + [m["step"] for m in measurements], found)
-                    if spec.stop_at_goal:  # stopped where a run measuring every resolution step would have
-                        status, stopped_at = "STOPPED_AT_GOAL", found
-                        return True
-            record(row)
-            if steps_to_goal is None:
-                steps_to_goal = step
-                steps_lower = bracket([m["step"] for m in measurements], step)
-            if spec.stop_at_goal:
-                if step < total:
-                    status = "STOPPED_AT_GOAL"
-                return True
-            return False
-        record(row)
-        if replay and steps_to_goal is None:
-            take_snapshot(step)
         return False
 
-    # The hot loop: one sampled batch, one update, one divergence check per step; nothing else.
-    schedule = iter(prepared.schedule)
-    next_eval = next(schedule, None)
-    monitor = DivergenceMonitor()
-    per_epoch = prepared.num_train // batch_size
-    train_x, train_y, num_train = prepared.train_x, prepared.train_y, prepared.num_train
-    step_fn, diverged = algorithm.step, monitor.diverged
-    step = 0
-    permutation, permutation_epoch = None, -1
-    with torch.random.fork_rng(devices=[]):
+    with fork_rng(device):
         torch.manual_seed(seed)
-        stop = False
         if replay:
             take_snapshot(0)
-        if next_eval == 0:
-            stop = evaluate(0)
-            next_eval = next(schedule, None)
-        while not stop and step < total:
-            # = _batch_indices_unchecked(num_train, batch_size, seed, step, per_epoch), without its
-            # per-step cache lookup and defensive copy (index_select never modifies the indices)
-            epoch, position = divmod(step, per_epoch)
-            if epoch != permutation_epoch:
-                permutation, permutation_epoch = _epoch_permutation(num_train, seed, epoch), epoch
-            indices = permutation[position * batch_size : (position + 1) * batch_size]
-            loss = step_fn(train_x.index_select(0, indices), train_y.index_select(0, indices))
-            step += 1
-            if diverged(loss):
-                status = "INFEASIBLE"
-                break
-            if step == next_eval:
-                stop = evaluate(step)
-                next_eval = next(schedule, None)
-    if stopped_at is not None:
-        step = stopped_at  # the replayed copy stopped there; the updates past it are discarded
+        progress.finish(train_loop(total, prepared.schedule, update, evaluate))
 
     if writer is not None:
         started, started_cpu = time.perf_counter(), time.process_time()
-        writer.finish(status=status, steps=step)
+        writer.finish(status=progress.status, steps=progress.steps)
         evaluation_time += time.perf_counter() - started
         evaluation_cpu += time.process_time() - started_cpu
+    return trial_result(prepared, progress, trial_id=trial_id, trial_key=trial_key,
+                        wall_time_s=time.perf_counter() - start, evaluation_time_s=evaluation_time,
+                        evaluation_cpu_s=evaluation_cpu)
+
+
+def new_progress(prepared: PreparedTrial, on_record: Callable[[dict[str, float]], None] | None = None) -> TrialProgress:
+    """The :class:`batchlab.train.core.TrialProgress` of a prepared trial (its goal, stop rule, budget)."""
+    workload, spec = prepared.workload, prepared.spec
+    return TrialProgress(metric=workload.metric, goal=trial_goal(spec, workload), maximize=bool(workload.maximize),
+                         stop_at_goal=bool(spec.stop_at_goal), total_steps=prepared.steps, on_record=on_record)
+
+
+def trial_result(prepared: PreparedTrial, progress: TrialProgress, *, trial_id: Any, trial_key: str | None,
+                 wall_time_s: float, evaluation_time_s: float = 0.0, evaluation_cpu_s: float = 0.0) -> TrialResult:
+    """The :class:`TrialResult` of a prepared trial whose run ended with ``progress``."""
     return TrialResult(
         workload=prepared.store_workload,
-        batch_size=batch_size,
+        batch_size=int(prepared.spec.batch_size),
         trial_id=None if trial_id is None else int(trial_id),
         trial_key=trial_key,
         parameters=dict(prepared.parameters),
-        seed=seed,
-        status=status,
-        steps=step,
-        steps_to_goal=steps_to_goal,
-        measurements=measurements,
-        wall_time_s=time.perf_counter() - start,
-        evaluation_time_s=evaluation_time,
-        evaluation_cpu_s=evaluation_cpu,
-        metric=metric,
-        goal=float(goal),
-        maximize=maximize,
-        steps_lower=steps_lower,
+        seed=int(prepared.spec.seed),
+        status=progress.status,
+        steps=progress.steps,
+        steps_to_goal=progress.steps_to_goal,
+        measurements=progress.measurements,
+        wall_time_s=wall_time_s,
+        evaluation_time_s=evaluation_time_s,
+        evaluation_cpu_s=evaluation_cpu_s,
+        metric=progress.metric,
+        goal=progress.goal,
+        maximize=progress.maximize,
+        steps_lower=progress.steps_lower,
         resolution=prepared.resolution,
         study_definition=prepared.study_definition,
+        device=str(prepared.device),
     )
 
 
@@ -600,46 +628,6 @@ def _copy_training_state(model: torch.nn.Module, algorithm: Any) -> tuple[torch.
     if hasattr(algorithm_copy, "_live_weights"):
         algorithm_copy._live_weights = [p.detach() for p in algorithm_copy.model.parameters()]
     return model_copy, algorithm_copy
-
-
-def _replay_bracket(prepared: PreparedTrial, snapshot: tuple, upto: int) -> tuple[list[dict[str, float]], int | None]:
-    """Train the snapshot's copy of the trial from its step towards ``upto``, measuring the goal split
-    at each resolution step strictly between; return those rows and the first step meeting the goal
-    (``None`` if none before ``upto``). The same batches and RNG stream as the trial itself, so the
-    copy follows the trial's own trajectory; the caller's RNG state is restored afterwards."""
-    start, objects, rng_state = snapshot
-    targets = [s for s in prepared.refine_steps if start < s < upto]
-    if not targets:
-        return [], None
-    model, algorithm = objects
-    workload, spec = prepared.workload, prepared.spec
-    batch_size, seed, num_train = int(spec.batch_size), int(spec.seed), prepared.num_train
-    per_epoch = num_train // batch_size
-    splits = {prepared.goal_split: prepared.eval_splits[prepared.goal_split]}
-    metric, goal, maximize = workload.metric, trial_goal(spec, workload), bool(workload.maximize)
-    rows: list[dict[str, float]] = []
-    live_state = torch.get_rng_state()
-    torch.set_rng_state(rng_state)
-    try:
-        step, permutation, permutation_epoch = start, None, -1
-        for target in targets:
-            while step < target:
-                epoch, position = divmod(step, per_epoch)
-                if epoch != permutation_epoch:
-                    permutation, permutation_epoch = _epoch_permutation(num_train, seed, epoch), epoch
-                indices = permutation[position * batch_size : (position + 1) * batch_size]
-                algorithm.step(prepared.train_x.index_select(0, indices), prepared.train_y.index_select(0, indices))
-                step += 1
-            with algorithm.evaluation_weights():
-                metrics = measure(workload, model, splits)
-            rows.append({"step": target, **metrics})
-            if not all(math.isfinite(v) for v in metrics.values()):
-                break
-            if metric in metrics and goal_reached(metrics[metric], goal, maximize):
-                return rows, target
-    finally:
-        torch.set_rng_state(live_state)
-    return rows, None
 
 
 def run_trial(

@@ -6,7 +6,9 @@ algorithm (the optimizer is chosen separately; in the store a workload is ``data
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,72 +17,180 @@ from torch import nn
 
 from batchlab.data.splits import SplitArrays
 from batchlab.errors import BatchlabError
-from batchlab.workloads.metrics import check_split, cross_entropy_loss, evaluate_classifier
+from batchlab.workloads.data import SPLITS, TensorSplit, WorkloadData, as_split, as_workload_data
+from batchlab.workloads.metrics import check_split, evaluate_split
 from batchlab.workloads.schedule import EvaluationSchedule
+from batchlab.workloads.tasks import Task, classification
 
-_ARRAYS: dict[Callable[[], SplitArrays], SplitArrays] = {}  # one decoded copy per data set per process
+NAME_PATTERN = re.compile(r"^[^/:\s]+/[^/:\s]+$")
 
-
-def _arrays_of(loader: Callable[[], SplitArrays]) -> SplitArrays:
-    if loader not in _ARRAYS:
-        _ARRAYS[loader] = loader()
-    return _ARRAYS[loader]
-
-
-@dataclass(frozen=True)
-class WorkloadData:
-    """Torch tensors of one workload's data (inputs float32 or int64 tokens, targets int64).
-
-    The full-size tensors share memory with a per-process copy of the data set: do not modify them
-    in place. ``num_train = len(train_x)``.
-    """
-
-    train_x: torch.Tensor
-    train_y: torch.Tensor
-    val_x: torch.Tensor
-    val_y: torch.Tensor
-    test_x: torch.Tensor
-    test_y: torch.Tensor
-    num_classes: int
-
-    @property
-    def num_train(self) -> int:
-        return len(self.train_x)
+# One loaded copy of each data set per process, keyed by the identity of its loader (kept alive here,
+# so an id is never reused): built-in and user workloads alike, and dataclasses.replace copies share it.
+_DATA: dict[int, tuple[Any, WorkloadData]] = {}
 
 
-@dataclass(frozen=True)
+def _load_cached(loader: Any, name: str) -> WorkloadData:
+    key = id(loader)
+    if key not in _DATA:
+        if callable(loader):
+            try:
+                raw = loader()
+            except BatchlabError:
+                raise
+            except Exception as exc:  # the user's data function: one line, the cause kept for the API
+                raise BatchlabError(f"workload {name}: its data function raised {type(exc).__name__}: {_one_line(exc)}") from exc
+        else:
+            raw = loader
+        _DATA[key] = (loader, as_workload_data(raw, f"the data of workload {name}"))
+    return _DATA[key][1]
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or "(no message)"
+
+
+class _CountedSizes(Mapping):
+    """``split_sizes`` of a workload that did not declare them: counted from its data when first read
+    (which loads the data once per process)."""
+
+    def __init__(self, owner: "Workload") -> None:
+        self.owner = owner
+        self._sizes: dict[str, int] | None = None
+
+    def _counted(self) -> dict[str, int]:
+        if self._sizes is None:
+            self._sizes = self.owner.load_data().sizes()
+        return self._sizes
+
+    def __getitem__(self, key: str) -> int:
+        return self._counted()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._counted())
+
+    def __len__(self) -> int:
+        return len(self._counted())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _CountedSizes):
+            return self.owner._loader() is other.owner._loader()
+        return isinstance(other, Mapping) and dict(self) == dict(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return "<counted from the data when first read>"
+
+
+def _check_int(name: str, what: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise BatchlabError(f"workload {name}: {what} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
 class Workload:
-    """One registered workload (see :mod:`batchlab.workloads.registry` for the list).
+    """A workload: model factory, data, task (loss and metrics), goal and default budget.
 
-    ``name`` is ``"<dataset>/<model>"``. One example's input has shape ``input_shape`` (float32, or
-    int64 token ids in ``[0, num_classes)`` when ``token_inputs``); targets are class ids (one per
-    example, or one per position of ``input_shape`` for language models).
+    Required: ``name`` (``"<dataset>/<model>"``: two non-empty parts, no ``:`` or spaces),
+    ``make_model`` (no arguments; returns an ``nn.Module``; seeded by :meth:`build_model`), ``goal``
+    (finite), and the data: ``data`` (a function of no arguments returning a :class:`WorkloadData`, a
+    mapping ``{"train": ..., "val": ..., "test": ...}`` or a tuple ``(train, val[, test])``, each split
+    an ``(x, y)`` pair of tensors, a map-style ``torch.utils.data.Dataset`` or a :class:`DataSplit`:
+    :func:`batchlab.workloads.data.as_workload_data`), or, for the built-ins, ``load_arrays`` (returns
+    a :class:`batchlab.data.splits.SplitArrays`). The data function runs once per process (cached).
 
+    ``task`` (:mod:`batchlab.workloads.tasks`; default :func:`classification`) gives the loss and the
+    metrics; ``metric`` is ``"<split>/<metric name>"`` (default ``"val/<the task's default metric>"``).
     The goal is met when ``metric < goal`` (``metric > goal`` if ``maximize``) at an evaluation step.
     ``default_steps`` is the step budget a trial gets unless told otherwise; ``default_batch_size`` a
     batch size that works for demos. ``eval_examples`` caps the number of examples :meth:`evaluate`
     uses per split (``None`` = all), through a fixed subset; ``eval_batch_size`` is the evaluation
     batch; ``schedule`` sets :meth:`evaluation_steps` (goal metric at a bounded relative resolution,
     every metric more sparsely: :mod:`batchlab.workloads.schedule`).
+
+    Descriptive (optional for user workloads): ``summary``, ``data_notes``, ``split_sizes`` (counted
+    from the data when not given), ``input_shape`` and ``num_classes`` (one example's input shape and
+    the number of classes, or vocabulary size; read from the data by :meth:`describe` when not
+    given), ``token_inputs`` (inputs are int64 token ids).
+
+    ``reference`` is set by :func:`batchlab.workloads.resolve_workload` when the workload came from a
+    reference (``package.module:function`` or ``/abs/path/file.py:function``); such a workload pickles
+    as its reference, so worker processes re-import it.
     """
 
     name: str
-    summary: str
-    load_arrays: Callable[[], SplitArrays]
     make_model: Callable[[], nn.Module]
-    metric: str
     goal: float
-    default_steps: int
-    default_batch_size: int
-    split_sizes: dict[str, int]
-    data_notes: str
-    input_shape: tuple[int, ...]
-    num_classes: int
-    token_inputs: bool = False
+    data: Any = None
+    load_arrays: Callable[[], SplitArrays] | None = None
+    task: Task = field(default_factory=classification)
+    metric: str | None = None
     maximize: bool = False
+    default_steps: int = 1000
+    default_batch_size: int = 64
+    summary: str = ""
+    data_notes: str = ""
+    split_sizes: Mapping[str, int] | None = None
+    input_shape: tuple[int, ...] | None = None
+    num_classes: int | None = None
+    token_inputs: bool = False
     eval_examples: dict[str, int | None] = field(default_factory=lambda: {"train": 2000, "val": None, "test": None})
     eval_batch_size: int = 1000
     schedule: EvaluationSchedule = field(default_factory=EvaluationSchedule)
+    reference: str | None = None
+
+    def __post_init__(self) -> None:
+        name = self.name
+        if not isinstance(name, str) or not NAME_PATTERN.match(name):
+            raise BatchlabError(f"workload name must be 'dataset/model' (two non-empty parts, no ':' or spaces), got {name!r}")
+        if not callable(self.make_model):
+            raise BatchlabError(f"workload {name}: make_model must be a function returning a torch module, got {type(self.make_model).__name__}")
+        if (self.data is None) == (self.load_arrays is None):
+            raise BatchlabError(f"workload {name}: give its data as data=<function returning the splits> (exactly one of data, load_arrays)")
+        if not isinstance(self.task, Task):
+            raise BatchlabError(f"workload {name}: task must be a batchlab.workloads.Task (classification(), regression(), language_model(), custom_task(...)), got {type(self.task).__name__}")
+        metric = self.metric
+        if metric is None:
+            if self.task.default_metric is None:
+                raise BatchlabError(f"workload {name}: give metric='val/<name>' (task {self.task.name!r} declares no default metric)")
+            metric = f"val/{self.task.default_metric}"
+            object.__setattr__(self, "metric", metric)
+        parts = metric.split("/", 1) if isinstance(metric, str) else []
+        if len(parts) != 2 or parts[0] not in SPLITS or not parts[1]:
+            raise BatchlabError(f"workload {name}: metric must be '<split>/<name>' with split one of {', '.join(SPLITS)}, got {metric!r}")
+        if self.task.metric_names and parts[1] not in self.task.metric_names:
+            raise BatchlabError(f"workload {name}: metric {metric!r} is not one of task {self.task.name!r}'s metrics; allowed: "
+                                + ", ".join(f"{parts[0]}/{m}" for m in self.task.metric_names))
+        goal = self.goal
+        if isinstance(goal, bool) or not isinstance(goal, (int, float)) or not math.isfinite(goal):
+            raise BatchlabError(f"workload {name}: goal must be a finite number, got {goal!r}")
+        object.__setattr__(self, "goal", float(goal))
+        if not isinstance(self.maximize, bool):
+            raise BatchlabError(f"workload {name}: maximize must be True or False, got {self.maximize!r}")
+        _check_int(name, "default_steps", self.default_steps, 1)
+        _check_int(name, "default_batch_size", self.default_batch_size, 1)
+        _check_int(name, "eval_batch_size", self.eval_batch_size, 1)
+        if not isinstance(self.schedule, EvaluationSchedule):
+            raise BatchlabError(f"workload {name}: schedule must be a batchlab.workloads.schedule.EvaluationSchedule, got {type(self.schedule).__name__}")
+        if self.input_shape is not None:
+            object.__setattr__(self, "input_shape", tuple(self.input_shape))
+        if self.split_sizes is None or (isinstance(self.split_sizes, _CountedSizes) and self.split_sizes.owner is not self):
+            object.__setattr__(self, "split_sizes", _CountedSizes(self))
+        if self.reference is not None and not isinstance(self.reference, str):
+            raise BatchlabError(f"workload {name}: reference must be a string or None, got {type(self.reference).__name__}")
+
+    def __reduce_ex__(self, protocol: int):
+        """A workload that came from a reference pickles as that reference (workers re-import it), a
+        built-in (the declared object) as its name; any other workload, a modified copy of a built-in
+        included, by value."""
+        from batchlab.workloads import references, registry
+
+        if self.reference is not None and references.cached(self.reference) is self:
+            return (references.resolve_workload, (self.reference,))
+        if registry.builtin_workload(self.name) is self:
+            return (registry.builtin_workload, (self.name,))
+        return super().__reduce_ex__(protocol)
 
     @property
     def dataset(self) -> str:
@@ -90,31 +200,26 @@ class Workload:
     def model(self) -> str:
         return self.name.split("/", 1)[1]
 
+    def _loader(self) -> Any:
+        return self.load_arrays if self.load_arrays is not None else self.data
+
     def load_data(self, train_examples: int | None = None, seed: int = 0) -> WorkloadData:
-        """Return the workload's data as torch tensors.
+        """Return the workload's data (:class:`WorkloadData`: tensor or dataset splits).
 
         ``train_examples=N`` keeps a random subset of N training examples (drawn with ``seed``, kept
         in their original order); validation and test sets are always whole. ``None`` keeps all.
+        The full data are loaded once per process (shared: do not modify tensors in place).
         """
-        arrays = _arrays_of(self.load_arrays)
-        train_x, train_y = torch.from_numpy(arrays.train_x), torch.from_numpy(arrays.train_y)
-        available = len(train_x)
+        data = _load_cached(self._loader(), self.name)
+        available = data.num_train
         if train_examples is not None:
             if isinstance(train_examples, bool) or not isinstance(train_examples, int) or not 1 <= train_examples <= available:
                 raise BatchlabError(f"train_examples must be an integer in [1, {available}] for {self.name}, got {train_examples!r}")
             if train_examples < available:
                 generator = torch.Generator().manual_seed(int(seed))
                 keep = torch.randperm(available, generator=generator)[:train_examples].sort().values
-                train_x, train_y = train_x[keep], train_y[keep]
-        return WorkloadData(
-            train_x=train_x,
-            train_y=train_y,
-            val_x=torch.from_numpy(arrays.val_x),
-            val_y=torch.from_numpy(arrays.val_y),
-            test_x=torch.from_numpy(arrays.test_x),
-            test_y=torch.from_numpy(arrays.test_y),
-            num_classes=arrays.num_classes,
-        )
+                data = data.with_train(data.train.subset(keep))
+        return data
 
     def build_model(self, seed: int = 0) -> nn.Module:
         """Return a freshly initialised model; the same seed gives identical weights.
@@ -123,22 +228,36 @@ class Workload:
         """
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(seed))
-            return self.make_model()
+            model = self.make_model()
+        if not isinstance(model, nn.Module):
+            raise BatchlabError(f"workload {self.name}: make_model returned {type(model).__name__}, not a torch.nn.Module")
+        return model
 
-    def loss(self, logits: torch.Tensor, y: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
-        """Return the mean cross entropy (nats, per token for language models), Shallue label smoothing."""
-        return cross_entropy_loss(logits, y, label_smoothing)
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+        """The batch's mean training loss (the task's; for classification the cross entropy in nats,
+        per token for language models, with Shallue label smoothing). ``label_smoothing`` other than 0
+        is an error for tasks without it (regression)."""
+        return self.task.compute_loss(outputs, targets, label_smoothing)
 
-    def evaluate(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, split: str = "val") -> dict[str, float]:
-        """Return ``{"<split>/cross_entropy_error": ..., "<split>/classification_error": ...}``.
+    def evaluate(self, model: nn.Module, data: Any, y: Any = None, split: str = "val") -> dict[str, float]:
+        """Return ``{"<split>/<metric>": value}`` for each of the task's metrics (classification:
+        ``cross_entropy_error`` and ``classification_error``).
 
-        Batched, without gradients, in eval mode, on at most ``eval_examples[split]`` examples of
-        ``x`` (a fixed subset, the same at every call).
+        ``data`` is a :class:`DataSplit`, an ``(x, y)`` pair, a map-style Dataset, or inputs ``x``
+        with their targets ``y``. Batched (``eval_batch_size``), without gradients, in eval mode (the
+        model's mode is restored), on the model's device, on at most ``eval_examples[split]``
+        examples (a fixed subset, the same at every call).
         """
+        if isinstance(y, str):  # evaluate(model, data, "train")
+            split, y = y, None
         check_split(split)
-        return evaluate_classifier(
-            model, x, y, split=split, batch_size=self.eval_batch_size, max_examples=self.eval_examples.get(split)
-        )
+        if y is not None:
+            data = TensorSplit(data, y)
+        elif isinstance(data, torch.Tensor):
+            raise BatchlabError("evaluate needs the targets: pass a DataSplit, an (x, y) pair, or x and y")
+        split_data = as_split(data, split)
+        return evaluate_split(model, split_data, self.task.batch_sums, split=split, batch_size=self.eval_batch_size,
+                              max_examples=self.eval_examples.get(split))
 
     @property
     def goal_split(self) -> str:
@@ -170,29 +289,45 @@ class Workload:
         return self.evaluation_schedule(**overrides).full_steps(total_steps)
 
     def example_batch(self, batch_size: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return random ``(x, y)`` of the workload's shapes and dtypes, without loading any data."""
+        """Return ``(x, y)`` of the workload's shapes and dtypes: random values without loading any
+        data for a classifier with a declared ``input_shape`` and ``num_classes``, else ``batch_size``
+        random training examples (loads the data)."""
         generator = torch.Generator().manual_seed(int(seed))
-        if self.token_inputs:
-            x = torch.randint(0, self.num_classes, (batch_size, *self.input_shape), generator=generator)
-            y = torch.randint(0, self.num_classes, (batch_size, *self.input_shape), generator=generator)
-        else:
-            x = torch.rand((batch_size, *self.input_shape), generator=generator)
-            y = torch.randint(0, self.num_classes, (batch_size,), generator=generator)
-        return x, y
+        if self.task.classes and self.input_shape is not None and self.num_classes is not None:
+            if self.token_inputs:
+                x = torch.randint(0, self.num_classes, (batch_size, *self.input_shape), generator=generator)
+                y = torch.randint(0, self.num_classes, (batch_size, *self.input_shape), generator=generator)
+            else:
+                x = torch.rand((batch_size, *self.input_shape), generator=generator)
+                y = torch.randint(0, self.num_classes, (batch_size,), generator=generator)
+            return x, y
+        train = self.load_data().train
+        return train.batch(torch.randint(0, len(train), (batch_size,), generator=generator))
 
     def num_parameters(self) -> int:
         """Return the number of trainable parameters of the model."""
-        with torch.device("meta"):  # shapes only: no memory, no initialisation cost
-            model = self.make_model()
+        try:
+            with torch.device("meta"):  # shapes only: no memory, no initialisation cost
+                model = self.make_model()
+        except Exception:  # a model factory that cannot run on the meta device: build it for real
+            model = self.build_model(0)
         return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
     def describe(self) -> dict[str, Any]:
-        """Return a JSON-ready description (no data is loaded)."""
+        """Return a JSON-ready description (built-ins load no data; a user workload that does not
+        declare ``split_sizes``/``input_shape`` has them read from its data)."""
+        input_shape, input_dtype, num_classes = self.input_shape, ("int64" if self.token_inputs else "float32"), self.num_classes
+        if input_shape is None:
+            data = self.load_data()
+            x, _ = data.train.batch(torch.zeros(1, dtype=torch.int64))
+            input_shape, input_dtype = tuple(x.shape[1:]), str(x.dtype).removeprefix("torch.")
+            num_classes = data.num_classes if num_classes is None else num_classes
         return {
             "name": self.name,
             "dataset": self.dataset,
             "model": self.model,
             "summary": self.summary,
+            "task": self.task.name,
             "metric": self.metric,
             "goal": self.goal,
             "maximize": self.maximize,
@@ -200,10 +335,11 @@ class Workload:
             "default_batch_size": self.default_batch_size,
             "num_parameters": self.num_parameters(),
             "splits": dict(self.split_sizes),
-            "input_shape": list(self.input_shape),
-            "input_dtype": "int64" if self.token_inputs else "float32",
-            "num_classes": self.num_classes,
+            "input_shape": list(input_shape),
+            "input_dtype": input_dtype,
+            "num_classes": num_classes,
             "data": self.data_notes,
             "eval_examples": dict(self.eval_examples),
             "evaluation_schedule": self.schedule.describe(),
+            "reference": self.reference,
         }

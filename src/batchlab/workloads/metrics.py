@@ -1,4 +1,4 @@
-"""Training loss and evaluation metrics shared by every workload.
+"""The classification loss and metrics, and the streaming evaluation every workload uses.
 
 Conventions:
 
@@ -12,6 +12,8 @@ Conventions:
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -105,3 +107,56 @@ def evaluate_classifier(
         f"{split}/cross_entropy_error": float(total_loss) / total_count,
         f"{split}/classification_error": total_errors / total_count,
     }
+
+
+def classification_sums(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, tuple]:
+    """One batch's ``cross_entropy_error`` (float64 sum of nats, no smoothing) and
+    ``classification_error`` (number of wrong argmax predictions), each with the number of targets
+    (tokens for sequences): the arithmetic of :func:`evaluate_classifier`."""
+    flat_logits, flat_targets = flatten_logits(logits, targets)
+    count = flat_targets.numel()
+    return {
+        "cross_entropy_error": (F.cross_entropy(flat_logits.float(), flat_targets, reduction="sum").double().cpu(), count),
+        "classification_error": (int((flat_logits.argmax(dim=-1) != flat_targets).sum()), count),
+    }
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    for tensor in model.parameters():
+        return tensor.device
+    for tensor in model.buffers():
+        return tensor.device
+    return torch.device("cpu")
+
+
+@torch.no_grad()
+def evaluate_split(model: torch.nn.Module, data, sums, split: str = "val", batch_size: int = 1000,
+                   max_examples: int | None = None) -> dict[str, float]:
+    """Return ``{"<split>/<metric>": total / count}`` over the batches of ``data`` (a
+    :class:`batchlab.workloads.data.DataSplit`), where ``sums(outputs, targets)`` gives each batch's
+    ``{metric: (sum, count)}`` (:meth:`batchlab.workloads.tasks.Task.batch_sums`).
+
+    In eval mode (restored afterwards), without gradients, on the model's device, in consecutive
+    batches of ``batch_size``, on at most ``max_examples`` examples (a :func:`fixed_subset`). For a
+    classification task this is :func:`evaluate_classifier`, operation for operation.
+    """
+    check_split(split)
+    if len(data) == 0:
+        raise BatchlabError(f"evaluation needs at least one example; the {split} split is empty")
+    subset = fixed_subset(len(data), max_examples)
+    if subset is not None:
+        data = data.subset(subset)
+    was_training = model.training
+    model.eval()
+    device = _model_device(model)
+    totals: dict[str, object] = {}
+    counts: dict[str, object] = {}
+    try:
+        for xb, yb in data.batches(batch_size):
+            xb, yb = xb.to(device), yb.to(device)
+            for name, (total, count) in sums(model(xb), yb).items():
+                totals[name] = totals.get(name, 0) + total
+                counts[name] = counts.get(name, 0) + count
+    finally:
+        model.train(was_training)
+    return {f"{split}/{name}": float(totals[name]) / counts[name] if counts[name] else math.nan for name in totals}

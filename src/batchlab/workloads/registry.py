@@ -35,7 +35,6 @@ from batchlab.data.cifar10 import load_cifar10
 from batchlab.data.fashion_mnist import load_fashion_mnist
 from batchlab.data.mnist import load_mnist
 from batchlab.data.shakespeare import DEFAULT_SEQUENCE_LENGTH, load_shakespeare
-from batchlab.errors import unknown_name_error
 from batchlab.workloads.base import Workload
 from batchlab.workloads.models.fc import fully_connected
 from batchlab.workloads.models.lstm import CharLSTM
@@ -43,6 +42,7 @@ from batchlab.workloads.models.resnet import resnet8
 from batchlab.workloads.models.simple_cnn import simple_cnn
 from batchlab.workloads.models.transformer import CharTransformer
 from batchlab.workloads.schedule import EvaluationSchedule
+from batchlab.workloads.tasks import language_model
 
 MNIST_SPLITS = {"train": 55000, "val": 5000, "test": 10000}
 SHAKESPEARE_VOCABULARY = 84  # distinct characters of the 42 texts (batchlab.data.shakespeare)
@@ -161,6 +161,7 @@ def _shakespeare_workload(model: str, summary: str, make_model, goal: float, ste
         input_shape=(DEFAULT_SEQUENCE_LENGTH,),
         num_classes=SHAKESPEARE_VOCABULARY,
         token_inputs=True,
+        task=language_model(),
         eval_examples={"train": 128, "val": 256, "test": 256},
         eval_batch_size=256,
         schedule=EvaluationSchedule(num_regular=20, early_ratio=1.5),
@@ -194,17 +195,30 @@ def _declared() -> list[Workload]:
 
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in _declared()}
+"""Name -> workload of this process: the built-ins and those added by
+:func:`batchlab.workloads.register_workload`."""
+
+_BUILTINS: dict[str, Workload] = dict(WORKLOADS)
+BUILTIN_NAMES: frozenset[str] = frozenset(_BUILTINS)
+
+
+def builtin_workload(name: str) -> Workload | None:
+    """The built-in workload object declared under ``name`` (whatever the registry now holds), or None."""
+    return _BUILTINS.get(name)
 
 
 def workload_names() -> list[str]:
-    """Return the registered workload names, sorted."""
-    return sorted(WORKLOADS)
+    """Return the names :func:`get_workload` knows, sorted: the built-ins, workloads registered in this
+    process, and the entry points of installed packages (group ``batchlab.workloads``)."""
+    from batchlab.workloads.references import entry_point_names
+
+    return sorted(set(WORKLOADS) | set(entry_point_names()))
 
 
-def get_workload(name: str) -> Workload:
-    """Return the workload called ``name``; BatchlabError naming the closest name if unknown."""
-    try:
-        return WORKLOADS[name]
-    except (KeyError, TypeError):
-        raise unknown_name_error("workload", str(name), WORKLOADS) from None
+def get_workload(name) -> Workload:
+    """Return the workload called ``name`` (or referenced by ``name``: see
+    :func:`batchlab.workloads.resolve_workload`, which this is); BatchlabError naming the closest
+    name if unknown, or the problem with a bad reference."""
+    from batchlab.workloads.references import resolve_workload
 
+    return resolve_workload(name)

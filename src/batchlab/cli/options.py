@@ -1,0 +1,201 @@
+"""The command-line options that several commands share, each declared once.
+
+Every command declares its parameters as ``name: Option = default`` with the ``Annotated`` types
+below, so a flag has one spelling, one help text and one parse everywhere (the selection options of
+``analyze`` and ``plot``, the trial options of ``train``, ``study`` and ``sweep``, ``--device``,
+``--json``). A command-specific option is declared in its command with the same ``Annotated`` style.
+
+Parsing that turns option text into library values lives here too (:func:`parse_max_trials`,
+:func:`parse_studies`, :func:`parse_csv`, :func:`make_selection`); deciding what the values mean is
+the library's (:class:`batchlab.analysis.selection.Selection`, :mod:`batchlab.sweep.config`,
+:func:`batchlab.train.device.check_device`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from batchlab.errors import BatchlabError
+
+# --- the selection options of ``analyze`` and ``plot`` -----------------------------------------------
+
+Store = Annotated[Path, typer.Option("--store", help="Store directory.")]
+StoreOrTable = Annotated[Optional[Path], typer.Option("--store", help="Store directory (or give --steps-table).")]
+StoreWorkload = Annotated[str, typer.Option(
+    "--workload", help="Workload as DATASET/MODEL/OPTIMIZER (the store's name; the release's directory).")]
+StoreWorkloadOrTable = Annotated[Optional[str], typer.Option(
+    "--workload", help="Workload as DATASET/MODEL/OPTIMIZER (or give --steps-table).")]
+Metric = Annotated[str, typer.Option("--metric", help="Metric name, e.g. val/classification_error.")]
+MetricOrTable = Annotated[Optional[str], typer.Option("--metric", help="Metric name, e.g. val/classification_error.")]
+Goal = Annotated[float, typer.Option("--goal", help="Goal the metric must strictly beat.")]
+GoalOrTable = Annotated[Optional[float], typer.Option("--goal", help="Goal the metric must strictly beat.")]
+Maximize = Annotated[bool, typer.Option("--maximize", help="Higher is better: reach means metric > goal.")]
+MaxTrials = Annotated[str, typer.Option(
+    "--max-trials", metavar="N|all|auto",
+    help="Use only the first N trials (trial-id order) per batch size; 'all': every trial; 'auto' (default): "
+         "the paper's first 100 COMPLETE trials (50 for lm1b/lstm, common_crawl/transformer_base and "
+         "lm1b/transformer_shallow/sgd) for imported release workloads, refusing a batch size with fewer, "
+         "and every trial otherwise (docs/methods.md, \"Trial counts\").")]
+StepBudget = Annotated[Optional[int], typer.Option("--step-budget", min=1, help="Keep measurements with step <= N.")]
+ExampleBudget = Annotated[Optional[int], typer.Option(
+    "--example-budget", min=1, help="Keep measurements with batch_size * step <= N.")]
+Statuses = Annotated[list[str], typer.Option(
+    "--status",
+    help="Trial statuses to analyse (repeat to add); default COMPLETE and STOPPED_AT_GOAL (trials stopped at "
+         "their study's stop goal answer only that goal or looser ones).")]
+Studies = Annotated[Optional[list[str]], typer.Option(
+    "--study", metavar="ID",
+    help="Use only trials of this study id or sweep id (repeat or comma-separate for several); default: all "
+         "studies, refusing a batch size whose trials come from more than one study definition.")]
+MixStudies = Annotated[bool, typer.Option(
+    "--mix-studies", help="Pool trials of different study definitions at one batch size (reported as mixed_studies).")]
+Tolerance = Annotated[float, typer.Option(
+    "--tolerance", help="Tolerance of the regimes read from the data, in (0, 1) (docs/methods.md, \"Regimes\").")]
+Level = Annotated[float, typer.Option("--level", help="Interval coverage, in (0, 1).")]
+B0 = Annotated[Optional[float], typer.Option(
+    "--b0", help="Batch size perfect scaling is measured from (a reached one; default: the smallest reached). "
+                 "Give the same B0 to optimizers you compare.")]
+FigureOut = Annotated[Path, typer.Option("--out", help="Figure file to write (.png, .pdf or .svg).")]
+Fit = Annotated[bool, typer.Option("--fit/--no-fit", help="Draw the fitted S(B) = S_min + E_min / B.")]
+
+#: The default of ``--status`` (the analysis' default statuses).
+DEFAULT_STATUSES = ["COMPLETE", "STOPPED_AT_GOAL"]
+
+# --- output ----------------------------------------------------------------------------------------
+
+Json = Annotated[bool, typer.Option("--json", help="Print JSON, one object per line (non-finite numbers as null).")]
+
+
+def json_option(help: str) -> Any:
+    """The ``--json`` flag with a command's own description of what it prints."""
+    return Annotated[bool, typer.Option("--json", help=help)]
+
+
+# --- training: ``train``, ``study``, ``sweep`` -------------------------------------------------------
+
+WORKLOAD_HELP = ("Workload: a registered name (dataset/model, e.g. mnist/fc_128_128_128; see batchlab workloads), "
+                 "package.module:function or path/to/file.py:function returning a batchlab Workload "
+                 "(docs/workloads.md).")
+Workload = Annotated[str, typer.Argument(help=WORKLOAD_HELP, metavar="WORKLOAD")]
+Device = Annotated[str, typer.Option(
+    "--device", metavar="auto|cpu|cuda|cuda:N|mps",
+    help="Where trials train: auto (default: a GPU when one is present, else cpu; a sweep's pool then runs one "
+         "worker per GPU), cpu, cuda, cuda:N or mps. Results are bitwise reproducible on CPU (docs/methods.md).")]
+Optimizer = Annotated[str, typer.Option("--optimizer", help="Optimizer name (see batchlab optimizers).")]
+BatchSize = Annotated[int, typer.Option("--batch-size", help="Examples per update.")]
+Steps = Annotated[Optional[int], typer.Option("--steps", help="Step budget (default: the workload's).")]
+TrainExamples = Annotated[Optional[int], typer.Option(
+    "--train-examples", help="Train on a random subset of N examples.")]
+StopAtGoal = Annotated[bool, typer.Option(
+    "--stop-at-goal/--no-stop-at-goal",
+    help="Stop a trial at its first evaluation that beats the goal (status STOPPED_AT_GOAL; the default "
+         "everywhere, see batchlab.train.TrialSpec).")]
+EvalBudget = Annotated[Optional[float], typer.Option(
+    "--eval-budget", help="Keep evaluation within this fraction F of training, counted in examples (e.g. 0.1): "
+                          "thins the schedule and evaluation subsets (batchlab.train.evaluation.budgeted_plan).")]
+TrainEvalExamples = Annotated[Optional[int], typer.Option(
+    "--train-eval-examples", help="Measure train/* metrics on a fixed subset of at most N training examples.")]
+Resolution = Annotated[float, typer.Option(
+    "--resolution", help="Relative spacing R of the goal-metric evaluations, in (0, 1): consecutive evaluation "
+                         "steps within a factor 1+R, every step while 1/R is larger; steps to the goal are read to "
+                         "within that (docs/methods.md, 'Evaluation schedule and resolution').")]
+Refine = Annotated[str, typer.Option(
+    "--refine", help="How the goal metric is measured at the resolution steps: replay (default: only in the "
+                     "bracket where the goal is first met, by retraining a copy kept at the previous full "
+                     "evaluation) or dense (at every resolution step as the trial runs).")]
+
+
+# --- parsing ----------------------------------------------------------------------------------------
+
+def parse_max_trials(value: Any) -> int | str | None:
+    """``--max-trials`` as :class:`~batchlab.analysis.selection.Selection` takes it: a positive int,
+    ``"all"``, ``"auto"`` or ``None`` (every trial). BatchlabError (one line) for anything else."""
+    if value is None or isinstance(value, int) and not isinstance(value, bool):
+        if value is not None and value < 1:
+            raise BatchlabError(f"--max-trials must be a positive integer, 'all' or 'auto', got {value!r}")
+        return value
+    text = str(value).strip().lower()
+    if text in ("all", "auto"):
+        return text
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise BatchlabError(f"--max-trials must be a positive integer, 'all' or 'auto', got {str(value)!r}")
+    return number
+
+
+def parse_studies(values: Any) -> tuple[str, ...] | None:
+    """``--study`` values (repeated and/or comma-separated) as a tuple of ids; ``None`` when none given."""
+    if not values:
+        return None
+    if isinstance(values, str):
+        values = [values]
+    ids = tuple(dict.fromkeys(part.strip() for value in values for part in str(value).split(",") if part.strip()))
+    if not ids:
+        raise BatchlabError("--study needs a study id or sweep id")
+    return ids
+
+
+def parse_csv(value: str | None, flag: str, cast: Any = str) -> list | None:
+    """A comma-separated option (``--optimizer sgd,adam``, ``--batch-sizes 16,64``) as a list; ``None``
+    when not given. BatchlabError (one line) for an empty list or an item ``cast`` refuses."""
+    if value is None:
+        return None
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items:
+        raise BatchlabError(f"{flag} needs a comma-separated list, got {value!r}")
+    try:
+        return [cast(v) for v in items]
+    except ValueError:
+        raise BatchlabError(f"{flag} must be a comma-separated list of integers, got {value!r}") from None
+
+
+def make_selection(workload: str, metric: str, goal: float, maximize: bool = False, max_trials: Any = None,
+                   step_budget: int | None = None, example_budget: int | None = None,
+                   statuses: Any = None, studies: Any = None, mix_studies: bool = False):
+    """The :class:`~batchlab.analysis.selection.Selection` the selection options describe.
+
+    ``max_trials``: an int, ``None``, or the text of ``--max-trials`` (``N``, ``all``, ``auto``);
+    ``statuses``: the ``--status`` values (``None``: the analysis' default); ``studies``: the
+    ``--study`` values (repeated or comma-separated), ``None`` for all; ``mix_studies``: ``--mix-studies``.
+    """
+    from batchlab.analysis.selection import Selection
+
+    extra = {} if statuses is None else {"statuses": tuple(statuses)}
+    return Selection(workload=workload, metric=metric, goal=goal, maximize=maximize,
+                     max_trials=parse_max_trials(max_trials), step_budget=step_budget,
+                     example_budget=example_budget, studies=parse_studies(studies), mix_studies=mix_studies,
+                     **extra)
+
+
+def connect_store(store: Path):
+    """A DuckDB connection with the four store views (BatchlabError if ``store`` is not a store)."""
+    from batchlab.store import Store
+
+    return Store.open(store, create=False).connect()
+
+
+def check_device(device: str) -> str:
+    """``--device`` validated early (:func:`batchlab.train.device.check_device`): one-line error for
+    a name other than ``auto|cpu|cuda|cuda:N|mps`` or a device not available here."""
+    from batchlab.train.device import check_device as library_check
+
+    return library_check(device)
+
+
+def open_store(path: str | Path):
+    """Open the store at ``path`` for writing, creating it when missing and saying so on stderr
+    (:meth:`batchlab.store.Store.open_or_create`: a path whose parent directory does not exist is a
+    one-line error, and nothing is created)."""
+    from batchlab.cli.output import note
+    from batchlab.store import Store
+
+    store, created = Store.open_or_create(path)
+    if created:
+        note(f"created a new store at {path}")
+    return store

@@ -1,0 +1,96 @@
+"""Vectorized updates: torch.optim's SGD, heavy-ball, Nesterov and Adam steps on K stacked trials.
+
+:mod:`batchlab.sweep.vectorized` trains K trials as one computation, their parameters stacked along a
+leading trial axis; torch.optim cannot hold a per-trial learning rate on such tensors, so the update
+formulas are written out here, one function per optimizer, each the ``update`` of that optimizer's
+:class:`batchlab.optim.entry.VectorizedUpdate` (the contract of the arguments is documented there).
+
+Formulas: ``torch.optim.SGD`` (dampening 0; the momentum buffer starts at the first gradient, i.e.
+at zero before it; weight decay L2 style, ``g + weight_decay * theta``) and ``torch.optim.Adam``
+(non-fused). ``tests/optim/test_vectorized.py`` checks each against the entry's own torch optimizer.
+The arithmetic (operations and their order) is what the vectorized sweeps have always run, so their
+measurements do not change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from batchlab.optim.entry import VectorizedUpdate
+
+Column = Callable[[str], torch.Tensor]
+
+
+def _per_trial(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The (K,) ``values`` shaped to broadcast over the stacked tensor ``like`` (K, ...)."""
+    return values.reshape(values.shape[0], *([1] * (like.dim() - 1)))
+
+
+def _gradient(grads: dict, name: str, p: torch.Tensor, wd: torch.Tensor | None) -> torch.Tensor:
+    """The gradient of stacked parameter ``name`` with L2 weight decay ``wd`` (per trial) added."""
+    g = grads[name]
+    if wd is not None:
+        g = g + _per_trial(wd, p) * p
+    return g
+
+
+# addcmul fuses "multiply by a per-trial factor, then add" into one pass over the parameters: the
+# update is memory-bound for small models, so fewer passes is what makes it fast.
+
+
+def sgd_update(params: dict, grads: dict, state: dict, lr: torch.Tensor, column: Column, step: int,
+               weight_decay: bool) -> None:
+    """``theta <- theta - lr g`` (``torch.optim.SGD``)."""
+    wd = column("weight_decay") if weight_decay else None
+    for name, p in params.items():
+        g = _gradient(grads, name, p, wd)
+        p.addcmul_(_per_trial(lr, p), g, value=-1.0)
+
+
+def _momentum(nesterov: bool) -> Callable[..., None]:
+    def update(params: dict, grads: dict, state: dict, lr: torch.Tensor, column: Column, step: int,
+               weight_decay: bool) -> None:
+        wd = column("weight_decay") if weight_decay else None
+        mom = column("momentum")
+        for name, p in params.items():
+            g = _gradient(grads, name, p, wd)
+            buf = state["buf"][name]
+            torch.addcmul(g, buf, _per_trial(mom, p), out=buf)
+            direction = torch.addcmul(g, buf, _per_trial(mom, p)) if nesterov else buf
+            p.addcmul_(_per_trial(lr, p), direction, value=-1.0)
+
+    return update
+
+
+momentum_update = _momentum(nesterov=False)
+momentum_update.__doc__ = "``v <- momentum v + g``, ``theta <- theta - lr v`` (``torch.optim.SGD``, dampening 0)."
+nesterov_update = _momentum(nesterov=True)
+nesterov_update.__doc__ = ("``v <- momentum v + g``, ``theta <- theta - lr (g + momentum v)`` "
+                           "(``torch.optim.SGD``, ``nesterov=True``).")
+
+
+def adam_update(params: dict, grads: dict, state: dict, lr: torch.Tensor, column: Column, step: int,
+                weight_decay: bool) -> None:
+    """``torch.optim.Adam`` (non-fused) with ``betas=(beta1, beta2)``, ``eps=epsilon``; ``step`` is 1-based."""
+    wd = column("weight_decay") if weight_decay else None
+    mom = column("beta1")
+    beta2, eps = column("beta2"), column("epsilon")
+    for name, p in params.items():
+        g = _gradient(grads, name, p, wd)
+        m, v = state["exp_avg"][name], state["exp_avg_sq"][name]
+        b1, b2 = _per_trial(mom, p), _per_trial(beta2, p)
+        m.lerp_(g, 1.0 - b1)
+        v.mul_(b2).add_((1.0 - b2) * g * g)
+        bias1 = 1.0 - mom.double() ** step
+        bias2_sqrt = torch.sqrt(1.0 - beta2.double() ** step)
+        step_size = (lr.double() / bias1).float()
+        denom = v.sqrt() / _per_trial(bias2_sqrt.float(), p) + _per_trial(eps, p)
+        p.sub_(_per_trial(step_size, p) * m / denom)
+
+
+SGD = VectorizedUpdate(state_names=(), update=sgd_update)
+MOMENTUM = VectorizedUpdate(state_names=("buf",), update=momentum_update)
+NESTEROV = VectorizedUpdate(state_names=("buf",), update=nesterov_update)
+ADAM = VectorizedUpdate(state_names=("exp_avg", "exp_avg_sq"), update=adam_update)

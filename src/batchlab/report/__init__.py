@@ -1,1 +1,0 @@
-"""batchlab.report."""

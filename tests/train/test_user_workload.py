@@ -1,0 +1,123 @@
+"""A user's own workload (an object, or a reference to a file) trained by run_trial and vectorized."""
+
+import pytest
+import torch
+
+from batchlab.sweep.vectorized import run_trials_vectorized
+from batchlab.train import TrialSpec, run_trial
+from batchlab.workloads import Workload, regression
+
+WORKLOAD_SOURCE = '''
+import torch
+from torch import nn
+
+from batchlab.workloads import Workload, regression
+
+
+def data():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(600, 8, generator=generator)
+    y = x @ torch.linspace(-1.0, 1.0, 8) + 0.1 * torch.randn(600, generator=generator)
+    return {"train": (x[:400], y[:400]), "val": (x[400:], y[400:])}
+
+
+def model():
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+
+
+def workload():
+    return Workload(name="toy/regression_mlp", make_model=model, data=data, task=regression(), goal=0.3,
+                    default_steps=60, default_batch_size=32)
+'''
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    """The same workload as an in-process object and as a file reference."""
+    path = tmp_path_factory.mktemp("user") / "toy_workload.py"
+    path.write_text(WORKLOAD_SOURCE)
+    namespace = {}
+    exec(compile(WORKLOAD_SOURCE, "toy_in_test", "exec"), namespace)
+    return namespace["workload"](), f"{path}:workload", namespace
+
+
+def _spec(workload, **overrides):
+    base = dict(workload=workload, optimizer="sgd", batch_size=32, hyperparameters={"learning_rate": 0.05}, steps=40,
+                seed=1, evaluation_steps=[5, 20, 40])
+    base.update(overrides)
+    return TrialSpec(**base)
+
+
+def test_an_object_and_a_file_reference_train_identically(toy):
+    obj, reference, _ = toy
+    by_object = run_trial(_spec(obj))
+    by_reference = run_trial(_spec(reference))
+    assert by_object.workload == by_reference.workload == "toy/regression_mlp/sgd"
+    assert by_object.measurements == by_reference.measurements
+    assert set(by_object.measurements[-1]) == {"step", "train/mse", "train/mae", "val/mse", "val/mae"}
+    assert by_object.status == "COMPLETE" and by_object.metric == "val/mse"
+    first, last = by_object.measurements[0]["val/mse"], by_object.measurements[-1]["val/mse"]
+    assert last < first  # it learns
+    assert by_object.steps_to_goal is not None and by_object.steps_lower is not None
+
+
+def test_a_dataset_split_samples_the_same_batches_as_tensors(toy):
+    obj, _, namespace = toy
+
+    class Examples(torch.utils.data.Dataset):
+        def __init__(self, x, y):
+            self.x, self.y = x, y
+
+        def __len__(self):
+            return len(self.x)
+
+        def __getitem__(self, i):
+            return self.x[i], self.y[i]
+
+    def dataset_data():
+        splits = namespace["data"]()
+        return {name: Examples(*pair) for name, pair in splits.items()}
+
+    as_dataset = Workload(name="toy/regression_mlp_ds", make_model=namespace["model"], data=dataset_data,
+                          task=regression(), goal=0.3)
+    tensors = run_trial(_spec(obj, train_examples=300, data_seed=2))
+    dataset = run_trial(_spec(as_dataset, train_examples=300, data_seed=2))
+    assert dataset.measurements == tensors.measurements  # the same examples in the same order, bitwise
+
+
+def test_vectorized_user_workload_matches_sequential(toy):
+    obj, reference, _ = toy
+    points = [{"learning_rate": 0.05}, {"learning_rate": 0.2}, {"learning_rate": 0.01}]
+    for workload in (obj, reference):
+        specs = [_spec(workload, hyperparameters=h, seed=10 + i) for i, h in enumerate(points)]
+        vectorized = run_trials_vectorized(specs)
+        for spec, result in zip(specs, vectorized):
+            sequential = run_trial(spec)
+            assert (result.status, result.steps, result.steps_to_goal, result.steps_lower) == (
+                sequential.status, sequential.steps, sequential.steps_to_goal, sequential.steps_lower)
+            for a, b in zip(sequential.measurements, result.measurements):
+                assert a.keys() == b.keys()
+                for name in a:
+                    assert b[name] == pytest.approx(a[name], rel=1e-4, abs=1e-6), (name, a, b)
+
+
+def test_data_cache_keeps_distinct_user_objects_apart(toy):
+    obj, _, namespace = toy
+
+    def other_data():
+        splits = namespace["data"]()
+        return {name: (x, 2.0 * y) for name, (x, y) in splits.items()}
+
+    scaled = Workload(name="toy/regression_mlp", make_model=namespace["model"], data=other_data, task=regression(), goal=0.3)
+    a = run_trial(_spec(obj, evaluation_steps=[0], steps=1))
+    b = run_trial(_spec(scaled, evaluation_steps=[0], steps=1))
+    assert a.measurements[0]["val/mse"] != b.measurements[0]["val/mse"]  # same name, different data
+
+
+def test_a_bad_reference_is_one_line(tmp_path):
+    from batchlab.errors import BatchlabError
+
+    missing = tmp_path / "nowhere.py"
+    with pytest.raises(BatchlabError, match="nowhere.py") as err:
+        run_trial(_spec(f"{missing}:workload"))
+    assert "\n" not in str(err.value)
