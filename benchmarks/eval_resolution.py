@@ -59,7 +59,7 @@ def run(name: str, batch_size: int, steps: int, mode: str, optimizer: str, learn
     schedule = workload.evaluation_steps(steps, resolution=None) if mode == "old" else None
     spec = TrialSpec(workload=name, optimizer=optimizer, batch_size=batch_size, steps=steps,
                      hyperparameters={"learning_rate": learning_rate}, evaluation_steps=schedule,
-                     refine="dense" if mode == "dense" else "replay")
+                     refine="dense" if mode == "dense" else "replay", stop_at_goal=False, device="cpu")
     with tempfile.TemporaryDirectory() as tmp:
         store = Store.open(os.path.join(tmp, "store"), create=True)
         start, start_cpu = time.perf_counter(), time.process_time()

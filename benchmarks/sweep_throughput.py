@@ -41,7 +41,7 @@ def _specs(batch_size: int, k: int, steps: int, final_only: bool, train_examples
     return [
         TrialSpec(workload=WORKLOAD, optimizer="momentum", batch_size=batch_size, hyperparameters=p, steps=steps,
                   train_examples=train_examples, seed=i, data_seed=0,
-                  evaluation_steps=[steps] if final_only else None)
+                  evaluation_steps=[steps] if final_only else None, stop_at_goal=False, device="cpu")
         for i, p in enumerate(points)
     ]
 

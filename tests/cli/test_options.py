@@ -51,3 +51,11 @@ def test_parsers():
     selection = make_selection("w/m/sgd", "val/error", 0.1, max_trials="5", studies=["s1,s2"])
     assert selection.max_trials == 5 and selection.studies == ("s1", "s2")
     assert selection.statuses == ("COMPLETE", "STOPPED_AT_GOAL")
+
+
+def test_default_statuses_are_the_schemas_own():
+    # options.py keeps a literal (importing the store schema at start-up would load pyarrow)
+    from batchlab.cli.options import DEFAULT_STATUSES
+    from batchlab.store.schema import DEFAULT_ANALYSIS_STATUSES
+
+    assert list(DEFAULT_STATUSES) == list(DEFAULT_ANALYSIS_STATUSES)

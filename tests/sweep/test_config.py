@@ -169,8 +169,6 @@ def test_stop_at_goal_has_one_default():
         assert param.default is DEFAULT_STOP_AT_GOAL, name
 
 
-@pytest.mark.xfail(strict=True, reason="TrialSpec/run_study defaults are helper C's files (train/); requested in "
-                                       "D's report: set them to True, then remove this marker")
 def test_trial_spec_stops_at_the_goal_by_default_too():
     import inspect
 

@@ -115,7 +115,7 @@ def test_vectorized_updates_come_from_the_optimizer_registry():
     from batchlab.optim import get_optimizer, vectorized_optimizer_names
 
     names = vectorized_optimizer_names()
-    assert vectorized.VECTORIZED_OPTIMIZERS == tuple(names)  # derived, never a list of its own
+    assert not hasattr(vectorized, "VECTORIZED_OPTIMIZERS")  # derived from the registry, never a list of its own
     assert {"sgd", "momentum", "nesterov", "adam"} <= set(names)
     assert all(get_optimizer(name).vectorized is not None for name in names)
     assert not hasattr(vectorized, "_update")

@@ -42,7 +42,8 @@ def first_steps_from_store(store, goal):
 
 def test_study_records_n_trials_and_picks_the_best(tmp_path, easy_workload):
     store = Store.open(tmp_path / "s", create=True)
-    result = run_study(easy_workload, "momentum", 64, trials=3, store=store, steps=16, train_examples=512, seed=0)
+    result = run_study(easy_workload, "momentum", 64, trials=3, store=store, steps=16, train_examples=512, seed=0,
+                       stop_at_goal=False)
     space = default_search_space("momentum", train_steps=16)
     con = store.connect()
     trials = con.execute("select trial_id, parameters, status, seed from trials order by trial_id").fetchall()
@@ -58,7 +59,8 @@ def test_study_records_n_trials_and_picks_the_best(tmp_path, easy_workload):
     assert (result.best.steps_to_goal, result.best.trial_id) == candidates[0]
     assert [t.steps_to_goal for t in result.trials] == [firsts.get(t.trial_id) for t in result.trials]
 
-    more = run_study(easy_workload, "momentum", 64, trials=1, store=store, steps=16, train_examples=512, seed=0)
+    more = run_study(easy_workload, "momentum", 64, trials=1, store=store, steps=16, train_examples=512, seed=0,
+                       stop_at_goal=False)
     assert [t.trial_id for t in more.trials] == [4]  # the study continues its quasi-random sequence
     assert [t.parameters for t in more.trials] == space.sample(4, seed=0)[3:]
 
@@ -122,7 +124,7 @@ def test_a_study_of_a_user_workload_object(tmp_path):
     workload = Workload(name="toy/line", make_model=lambda: nn.Linear(3, 1), data=data, task=regression(), goal=0.1,
                         default_steps=10)
     store = Store.open(tmp_path / "s", create=True)
-    result = run_study(workload, "sgd", 16, 2, store, steps=10)
+    result = run_study(workload, "sgd", 16, 2, store, steps=10, stop_at_goal=False)
     assert result.workload == "toy/line/sgd" and [t.trial_id for t in result.trials] == [1, 2]
     assert all(t.status in ("COMPLETE", "INFEASIBLE") and t.device == "cpu" for t in result.trials)
     assert store.table("trials").num_rows == 2

@@ -15,7 +15,7 @@ MOMENTUM = {"learning_rate": 0.1, "momentum": 0.9}
 
 def spec(**overrides):
     base = dict(FAST, optimizer="momentum", batch_size=64, hyperparameters=dict(MOMENTUM), steps=30,
-                evaluation_steps=[0, 5, 10, 20])
+                evaluation_steps=[0, 5, 10, 20], stop_at_goal=False)  # whole runs unless a test stops them
     base.update(overrides)
     return TrialSpec(**base)
 
@@ -91,6 +91,9 @@ REPLAY_CASES = [
     ("lamb", {"learning_rate": 0.01}),
     ("kfac", {"learning_rate": 0.05, "momentum": 0.9}),
     ("momentum", {"learning_rate": 0.05, "momentum": 0.9, "ema_decay": 0.9}),
+    ("adamw", {"learning_rate": 0.003}),
+    ("soap", {"learning_rate": 0.003}),
+    ("muon", {"learning_rate": 0.02}),
 ]
 
 
@@ -103,7 +106,7 @@ def test_replay_refines_the_bracket_like_dense_evaluation(tmp_path, optimizer, h
     workload = registry.WORKLOADS[easy_workload]
     monkeypatch.setitem(registry.WORKLOADS, easy_workload, dataclasses.replace(workload, goal=0.5, schedule=dataclasses.replace(workload.schedule, num_regular=4)))
     common = dict(workload=easy_workload, optimizer=optimizer, batch_size=32, hyperparameters=hyperparameters, steps=200,
-                  train_examples=512, seed=3, resolution=0.1)
+                  train_examples=512, seed=3, resolution=0.1, stop_at_goal=False)
     dense = run_trial(TrialSpec(**common, refine="dense"))
     store = Store.open(tmp_path / "s", create=True)
     replayed = run_trial(TrialSpec(**common), store=store)
@@ -124,7 +127,7 @@ def test_replay_refines_the_bracket_like_dense_evaluation(tmp_path, optimizer, h
     dense_rows = {m["step"]: m for m in dense.measurements}
     for row in replayed.measurements:  # the replayed copy follows the trial's own trajectory exactly
         assert row == dense_rows[row["step"]]
-    stopped = run_trial(TrialSpec(**common, stop_at_goal=True))
+    stopped = run_trial(TrialSpec(**{**common, "stop_at_goal": True}))
     assert (stopped.status, stopped.steps, stopped.steps_to_goal) == ("STOPPED_AT_GOAL", expected, expected)
     assert stopped.measurements == [m for m in replayed.measurements if m["step"] <= expected]
     rows = store.connect().execute("select count(*) from measurements").fetchone()[0]

@@ -43,7 +43,7 @@ def toy(tmp_path_factory):
 
 def _spec(workload, **overrides):
     base = dict(workload=workload, optimizer="sgd", batch_size=32, hyperparameters={"learning_rate": 0.05}, steps=40,
-                seed=1, evaluation_steps=[5, 20, 40])
+                seed=1, evaluation_steps=[5, 20, 40], stop_at_goal=False)
     base.update(overrides)
     return TrialSpec(**base)
 

@@ -224,8 +224,9 @@ def _critical_batch_size_table(path: Path, group_by: str | None, tolerance: floa
             emit_json(dict(g))
         return
     rows = [json_ready(dict(g), keep_infinite=True) for g in groups]  # inf prints as inf, not as blank
-    columns = ("group", "s_min", "e_min", "mccandlish_b_crit", "overhead_20pct", "perfect_scaling_end",
-               "maximal_parallelism_start", "residual")
+    from batchlab.analysis.definitions import definition_names
+
+    columns = ("group", "s_min", "e_min", *definition_names(headline_only=True), "residual")
     # what each fit rests on (docs/methods.md, "What a critical batch size rests on")
     table_rows = []
     for row in rows:

@@ -120,11 +120,11 @@ def register(app: typer.Typer) -> None:
         json_output: OptimizersJson = False,
     ) -> None:
         """List the optimizers with every hyperparameter's default and the default search space."""
-        from batchlab.optim import optimizer_defaults, optimizer_names
+        from batchlab.optim import get_optimizer, optimizer_defaults, optimizer_names
         from batchlab.search import default_search_space
 
         described = [
-            {"name": name, "defaults": optimizer_defaults(name),
+            {"name": name, "summary": get_optimizer(name).summary, "defaults": optimizer_defaults(name),
              "search_space": default_search_space(name).to_batch_science()}
             for name in optimizer_names()
         ]
@@ -139,8 +139,8 @@ def register(app: typer.Typer) -> None:
                 f"{k} {c.get('scale', '')} [{_format(c.get('min_value'))}, {_format(c.get('max_value'))}]"
                 for k, c in d["search_space"].items()
             )
-            rows.append([d["name"], defaults, searched])
-        print_table("optimizers (None = off)", ["name", ("defaults", "left"),
+            rows.append([d["name"], d["summary"], defaults, searched])
+        print_table("optimizers (None = off)", ["name", ("summary", "left"), ("defaults", "left"),
                                                 ("searched (constant learning rate)", "left")], rows)
 
     @app.command("train")

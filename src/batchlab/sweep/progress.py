@@ -229,7 +229,8 @@ class RichReporter(Reporter):
             self._progress_line()
 
     def finish(self, summary: SweepSummary) -> None:
-        from batchlab.analysis.critical_batch_size import REGISTRY
+        from batchlab.analysis.definitions import REGISTRY
+        from batchlab.store.schema import DEFAULT_ANALYSIS_STATUSES
         from batchlab.cli.output import line, print_table
 
         self.close()
@@ -244,7 +245,7 @@ class RichReporter(Reporter):
                     budget += f" (round {fields['budget_round']})"
                 upper = (fields.get("steps_interval") or [None, None])[1]
                 reached = f"{r.n_reached}/{r.n_trials}"
-                others = {k: v for k, v in fields["statuses"].items() if k not in ("COMPLETE", "STOPPED_AT_GOAL")}
+                others = {k: v for k, v in fields["statuses"].items() if k not in DEFAULT_ANALYSIS_STATUSES}
                 if others:
                     reached += " (" + ", ".join(f"{v} {k.lower()}" for k, v in sorted(others.items())) + ")"
                 rows.append([w, str(r.batch_size), budget, bracket_text(fields), _fmt(upper, "-"),

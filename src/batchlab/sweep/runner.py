@@ -262,9 +262,9 @@ def _allocate_ids(path: str, studies: list[StudyPlan]) -> dict[tuple[str, int, i
 
 def should_vectorize(config: SweepConfig, study: StudyPlan, num_parameters: int) -> bool:
     """Whether ``study`` runs its trials vectorized (the rule in the module docstring)."""
-    from batchlab.sweep.vectorized import VECTORIZED_OPTIMIZERS
+    from batchlab.optim import vectorized_optimizer_names
 
-    if config.vectorize == "never" or study.trials < 2 or study.optimizer not in VECTORIZED_OPTIMIZERS:
+    if config.vectorize == "never" or study.trials < 2 or study.optimizer not in vectorized_optimizer_names():
         return False
     points = study.points
     if any(p.get("ema_decay") is not None for p in points):

@@ -49,16 +49,6 @@ from batchlab.train.sampling import BatchSampler
 from batchlab.train.trial import new_progress, trial_result
 
 
-def __getattr__(name: str) -> Any:
-    """``VECTORIZED_OPTIMIZERS``: the registry's optimizers with a vectorized update, read when asked
-    (never a list of its own); new code calls :func:`batchlab.optim.vectorized_optimizer_names`."""
-    if name == "VECTORIZED_OPTIMIZERS":
-        from batchlab.optim import vectorized_optimizer_names
-
-        return tuple(vectorized_optimizer_names())
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def vectorization_obstacle(specs: list[TrialSpec]) -> str | None:
     """Why ``specs`` cannot run as one vectorized computation, or ``None`` if they can.
 

@@ -110,7 +110,8 @@ class TrialSpec:
         goal: the goal this trial stops at (``stop_at_goal``) and whose bracket it refines, on the
             workload's metric and direction; ``None``: the workload's goal.
         stop_at_goal: stop at the first evaluation that beats the goal (status
-            ``STOPPED_AT_GOAL`` when that is before the budget).
+            ``STOPPED_AT_GOAL`` when that is before the budget). On by default, as for sweeps;
+            ``False`` runs the whole budget (every metric's whole curve).
         trial_id, trial_key: store identity; ``None`` picks ``store.next_trial_id`` and a fresh key.
         search_space: the study's search space (batch_science ``parameter_configs``), if known.
         evaluation_steps: steps at which to evaluate every metric, replacing the workload's schedule
@@ -154,7 +155,7 @@ class TrialSpec:
     steps: int | None = None
     train_examples: int | None = None
     seed: int = 0
-    stop_at_goal: bool = False
+    stop_at_goal: bool = True  # = batchlab.sweep.config.DEFAULT_STOP_AT_GOAL (a test keeps them equal)
     trial_id: int | None = None
     trial_key: str | None = None
     search_space: dict | None = None
