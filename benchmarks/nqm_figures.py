@@ -53,7 +53,8 @@ from batchlab.nqm import figures  # noqa: E402
 from batchlab.nqm.dynamics import Algorithm, PowerLevels, moment_recurrence  # noqa: E402
 from batchlab.nqm.problem import power_law, zhang2019_binned  # noqa: E402
 from batchlab.nqm.steps import best_candidates, certify  # noqa: E402
-from batchlab.nqm.tuning import SECOND_GRID, tune  # noqa: E402
+from batchlab.nqm.algorithms import SECOND_GRID  # noqa: E402
+from batchlab.nqm.tuning import tune  # noqa: E402
 
 PROBLEM = zhang2019_binned()
 H, C, N = PROBLEM.curvature, PROBLEM.noise, PROBLEM.counts

@@ -9,10 +9,10 @@ in-memory tensors. Training uses the first 10,000 training images, validation th
 images::
 
     batchlab train examples/mnist_dataset_cnn.py:workload --optimizer momentum --batch-size 64 --learning-rate 0.05 --steps 300
-    batchlab sweep examples/mnist_dataset_cnn.py:workload --optimizer momentum --batch-sizes 16,64 --trials 2 --workers 2 --store runs
+    batchlab sweep examples/mnist_dataset_cnn.py:workload --optimizer momentum --batch-sizes 32,128 --trials 2 --steps 300 --workers 2 --store runs
 
-The goal, ``val/classification_error < 0.06``, is reached in roughly 200 steps of momentum (0.9) at
-batch size 64 and learning rate 0.05.
+The goal, ``val/classification_error < 0.06``, is reached at step 180 of momentum (0.9) at batch
+size 64 and learning rate 0.05 (seed 0).
 """
 
 from __future__ import annotations

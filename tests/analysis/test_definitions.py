@@ -84,6 +84,8 @@ def test_values_follow_the_entries_and_read_for_tables():
     (dict(source="data", from_b_crit=lambda b, t, b0: b), "from_b_crit is required"),
     (dict(source="data"), "read_regimes"),
     (dict(source="fit", from_b_crit=lambda b, t, b0: b, definition="two\nlines"), "one non-empty line"),
+    (dict(source="fit", from_b_crit=lambda b, t, b0: b, name=""), "name must be a non-empty word"),
+    (dict(source="fit", from_b_crit=lambda b, t, b0: b, label="B crit"), "label must be a non-empty word"),
 ])
 def test_a_malformed_entry_is_refused(fields, match):
     kw = dict(name="x", definition="a definition", label="x") | fields

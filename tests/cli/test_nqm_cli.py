@@ -289,6 +289,8 @@ def test_the_critical_batch_size_table_has_one_column_per_registry_definition(ca
     assert columns[2 : 2 + len(labels)] == labels
     for d in named_definitions():
         assert f"{d.label} = {d.name}: {d.definition}" in out
+    for column in columns[1:]:  # every number printed is defined under the table
+        assert any(line.startswith(f"{column} = ") or f"; {column} = " in line for line in out.splitlines()), column
 
 
 def test_figures_default_directory_is_created_with_a_note(capsys, tmp_path, monkeypatch):

@@ -56,3 +56,17 @@ def test_check_output_path_refuses_a_missing_parent(tmp_path):
 def test_cell_formats():
     assert fmt(None) == "" and fmt(3) == "3" and fmt(0.123456) == "0.1235" and fmt(float("inf")) == "inf"
     assert cell({"value": 2.0}) == "2" and cell(True) == "true" and cell("a/b") == "a/b"
+
+
+def test_a_reader_going_away_is_a_broken_pipe_for_main_not_richs_exit_1(monkeypatch):
+    # ``batchlab ... | head``: rich would exit with status 1; main() turns BrokenPipeError into a quiet 0.
+    import io
+    import sys
+
+    class ClosedPipe(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    with pytest.raises(BrokenPipeError):
+        print_table("t", ["a"], [["x"]])

@@ -182,7 +182,7 @@ def test_info_lists_the_device_of_each_study(tmp_path, capsys):
     store = Store.open(tmp_path / "store", create=True)
     for i, device in enumerate(("cpu", "cuda:0")):
         definition = make_study_definition(workload=w, batch_size=64, train_steps=100, device=device)
-        publish_trials(store, [TrialRecord(workload=w, batch_size=64, trial_id=i, trial_key=f"k{i}", parameters={},
+        publish_trials(store, [TrialRecord(workload=w, batch_size=64, trial_id=i + 1, trial_key=f"k{i}", parameters={},
                                            status="COMPLETE", steps=100, study_definition=definition)])
     code, out, _ = run(capsys, "store", "info", "--store", tmp_path / "store", "--json")
     assert code == 0 and sorted(s["device"] for s in json.loads(out)["study_definitions"]) == ["cpu", "cuda"]

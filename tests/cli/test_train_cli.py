@@ -74,7 +74,10 @@ def test_optimizers_json_has_defaults_and_search_spaces(capsys):
     status, out, _ = run_main(capsys, "optimizers", "--json")
     assert status == 0
     described = {d["name"]: d for d in json_lines(out)}
-    assert {"sgd", "momentum", "nesterov", "adam", "kfac", "lars", "lamb"} <= set(described)
+    from batchlab.optim import optimizer_names
+
+    assert list(described) == list(optimizer_names())  # every registry entry, in the registry's order
+    assert {"sgd", "momentum", "nesterov", "adam", "kfac", "lars", "lamb", "adamw", "soap", "muon"} <= set(described)
     assert described["momentum"]["defaults"]["momentum"] == 0.9
     assert set(described["adam"]["search_space"]) >= {"learning_rate", "beta1", "beta2"}
 

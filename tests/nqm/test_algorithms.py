@@ -122,3 +122,26 @@ def test_a_new_algorithm_is_one_entry(registered):
     assert point.result.reached and point.learning_rate in grid()["learning_rate"] and point.momentum in grid()["momentum"]
     with pytest.raises(BatchlabError, match="needs a momentum"):
         moment_recurrence(problem, new, 0.3)
+
+
+def _grid(**axes):
+    return lambda: {k: np.asarray(v, dtype=float) for k, v in axes.items()}
+
+
+@pytest.mark.parametrize("fields, match", [
+    (dict(name="two words"), "non-empty word"),
+    (dict(summary="two\nlines"), "summary must be one non-empty line"),
+    (dict(base="lion"), "unknown base update 'lion'"),
+    (dict(official_high=1), "official_high must be an integer >= 2"),
+    (dict(base="momentum", pwc=True, grid=_grid(learning_rate=[0.1], momentum=[0.0])), "pwc and notebook_fudge need"),
+    (dict(ema=True, notebook_fudge=True, grid=_grid(learning_rate=[0.1], ema_decay=[0.0])), "pwc and notebook_fudge"),
+    (dict(grid=_grid(learning_rate=[0.1], momentum=[0.0])), "grid\\(\\) must return the axes learning_rate in"),
+    (dict(grid=_grid(learning_rate=[0.0, 0.1])), "grid axis learning_rate must be .* > 0"),
+    (dict(base="momentum", grid=_grid(learning_rate=[0.1], momentum=[1.0])), "grid axis momentum must be .* in \\[0, 1\\)"),
+])
+def test_a_malformed_entry_is_refused_at_registration(registered, fields, match):
+    base = dict(name="x", summary="test entry", base="sgd", ema=False, grid=_grid(learning_rate=[0.1, 1.0]),
+                official_high=100)
+    with pytest.raises(BatchlabError, match=match) as info:
+        registered(NQMAlgorithm(**(base | fields)))
+    assert "\n" not in str(info.value) and "x" not in nqm_algorithm_names()

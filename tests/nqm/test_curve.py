@@ -26,7 +26,8 @@ def test_a_diverging_curve_says_where_and_its_rows_are_strict_json():
     assert curve.diverged is True
     k = curve.diverged_at_step
     assert 400 < k < 600 and np.isfinite(curve.losses[k - 1]) and not np.isfinite(curve.losses[k])
-    rows = curve.rows()
+    rows = list(curve.rows())
+    assert len(rows) == 1001 and [r["step"] for r in rows] == list(range(1001))
     text = "\n".join(json.dumps(row, allow_nan=False) for row in rows)  # raises on inf / nan
     assert rows[k]["loss"] is None and rows[k - 1]["loss"] == curve.losses[k - 1] and curve.final_loss() is None
     assert "Infinity" not in text and "NaN" not in text
@@ -53,3 +54,16 @@ def test_bad_input_is_a_one_line_error(kwargs, fragment):
     with pytest.raises(BatchlabError) as info:
         loss_curve(power_law(1.0, 1.0, 10), **args)
     assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_rows_stream_every_step_across_blocks():
+    from batchlab.nqm.curve import LossCurve
+
+    n = 3 * (1 << 16) + 5  # more than one block of rows
+    losses = np.linspace(1.0, 0.5, n)
+    losses[-3:] = np.inf
+    rows = LossCurve(np.arange(n), losses).rows()
+    assert not isinstance(rows, list)  # streamed, not built whole
+    rows = list(rows)
+    assert [r["step"] for r in rows] == list(range(n)) and [r["loss"] for r in rows[:-3]] == losses[:-3].tolist()
+    assert [r["loss"] for r in rows[-3:]] == [None, None, None]

@@ -223,6 +223,9 @@ def test_open_or_create_reports_creation_and_refuses_a_missing_parent(tmp_path):
     (tmp_path / "afile").write_text("keep")
     with pytest.raises(BatchlabError, match="is a file"):
         Store.open_or_create(tmp_path / "afile")
+    with pytest.raises(BatchlabError, match=r"afile is a file, not a directory"):
+        Store.open_or_create(tmp_path / "afile" / "store")
+    assert (tmp_path / "afile").read_text() == "keep"
 
 
 def test_a_failed_import_leaves_no_new_store_behind(tmp_path):
@@ -255,3 +258,25 @@ def test_a_failed_import_leaves_no_new_store_behind(tmp_path):
             raise BatchlabError("later problem")
     assert Store.open(store.root).state().seq == 0
     assert len(Store.open(tmp_path / "committed").finished_trial_keys()) == 1
+
+
+def test_a_failed_import_deletes_nothing_but_the_new_store(tmp_path):
+    """The clean-up removes only the store's own entries: a file that is not part of the store stays
+    (and so does its directory), and a store another process is writing into is kept whole."""
+    from batchlab.store import store_for_import
+
+    with pytest.raises(KeyboardInterrupt):
+        with store_for_import(tmp_path / "new") as (target, created):
+            (target.root / "notes.txt").write_text("the user's")  # not part of a store's layout
+            raise KeyboardInterrupt
+    assert [p.name for p in (tmp_path / "new").iterdir()] == ["notes.txt"]
+    assert (tmp_path / "new" / "notes.txt").read_text() == "the user's"
+
+    with pytest.raises(BatchlabError, match="bad file"):
+        with store_for_import(tmp_path / "shared") as (target, created):
+            other = Store.open(tmp_path / "shared")  # another writer, uncommitted
+            other.write_data_file("measurements", pa.table({
+                "workload": [W], "batch_size": [1], "trial_id": [1], "step": [0], "metric": ["m"], "value": [1.0]}))
+            raise BatchlabError("bad file")
+    kept = Store.open(tmp_path / "shared")
+    assert kept.state().seq == 0 and len(list((tmp_path / "shared" / "data" / "measurements").iterdir())) == 1

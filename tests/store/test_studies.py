@@ -258,3 +258,22 @@ def test_next_trial_id_never_lands_in_a_sweeps_block_of_ids(store):
     # can still be extended by more points in its own block
     assert store.next_trial_id(W, 64) == 2 * TRIAL_ID_BLOCK + 1
     assert store.next_trial_id(W, 128) == 1  # other batch sizes are independent
+
+
+def test_id_blocks_are_one_based_as_the_sweeps_ids():
+    from batchlab.store.studies import TRIAL_ID_BLOCK, id_block
+    from batchlab.sweep import keys
+
+    assert keys.id_block is id_block  # the sweep allocates ids with the store's one definition
+    assert [id_block(i) for i in (0, 1, TRIAL_ID_BLOCK, TRIAL_ID_BLOCK + 1, 3 * TRIAL_ID_BLOCK + 7)] == [-1, 0, 0, 1, 3]
+    assert id_block(keys.trial_id(0, block=4)) == id_block(keys.trial_id(TRIAL_ID_BLOCK - 1, block=4)) == 4
+
+
+def test_next_trial_id_keeps_clear_of_a_full_sweep_block(store):
+    from batchlab.store.studies import TRIAL_ID_BLOCK
+
+    swept = definition(train_steps=600, sweep="abc123")
+    # the sweep's block 0 ends at id TRIAL_ID_BLOCK (one-based): the next id is the first of block 1,
+    # which holds no sweep trial, so it is given out as is
+    publish_trials(store, [record(i, swept) for i in (1, TRIAL_ID_BLOCK)])
+    assert store.next_trial_id(W, 64) == TRIAL_ID_BLOCK + 1

@@ -186,5 +186,6 @@ def test_device_key_is_checked():
     base = {"workloads": ["mnist/fc_64_64_64"], "optimizers": ["sgd"], "batch_sizes": [8], "trials": 1}
     assert parse_sweep_config(base).device == "auto"
     assert parse_sweep_config({**base, "device": "cpu"}).device == "cpu"
+    assert parse_sweep_config({**base, "device": " CPU "}).device == "cpu"  # read as --device reads it
     with pytest.raises(BatchlabError, match="field 'device'.*allowed: auto, cpu, cuda, cuda:N, mps"):
         parse_sweep_config({**base, "device": "gpu"})

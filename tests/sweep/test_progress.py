@@ -43,3 +43,12 @@ def test_progress_lines_off_a_terminal_count_finished_trials_once(capsys):
     lines = [line for line in err.splitlines() if line.startswith("progress:")]
     assert lines[0].startswith("progress: 3/4 trials done") and lines[-1].startswith("progress: 4/4 trials done")
     assert len(lines) == 2 and "(2 already in the store)" in err
+
+
+def test_a_sweep_without_any_fit_prints_no_empty_critical_batch_size_table(capsys):
+    summary = _summary({})
+    summary.fits, summary.fit_errors = {"w/m/sgd": None}, {"w/m/sgd": "need at least 2 batch sizes"}
+    RichReporter(terminal=False).finish(summary)
+    out = capsys.readouterr().out
+    assert "no fit for w/m/sgd: need at least 2 batch sizes" in out
+    assert "critical batch sizes" not in out and "targets and methods below" not in out

@@ -321,3 +321,31 @@ def test_json_trial_events_of_grown_rounds_carry_their_own_budget_round_and_stud
     assert [(t["budget"], t["budget_round"], t["steps"]) for t in trials] == [(2, 0, 2), (4, 1, 4)]
     assert [t["study_id"] for t in trials] == [r["study_id"] for r in rounds]
     assert trials[1]["study_id"] == grown["study_id"]
+
+
+class _StartCounts(Reporter):
+    """Records the counts every study starts with (trials finished before this run)."""
+
+    def start(self, plan, progress, info):
+        self.done = sum(p.done for p in progress)
+        self.diverged = sum(p.diverged for p in progress)
+
+
+def test_resumed_sweep_counts_the_diverged_trials_it_finds_in_the_store(tmp_path):
+    # Progress on a resumed sweep counts the trials already in the store as done, once; those that
+    # diverged count as diverged too (the progress line used to say "2/4 done, 0 diverged").
+    import pytest
+
+    from batchlab.sweep.config import parse_sweep_config
+
+    config = parse_sweep_config({
+        "workloads": ["mnist/fc_64_64_64"], "optimizers": ["sgd"], "batch_sizes": [8, 64], "trials": 2,
+        "steps": 3, "train_examples": 256, "stop_at_goal": False, "vectorize": "never",
+        "search_spaces": {"sgd": {"learning_rate": {"type": "DOUBLE", "min_value": 1e6, "max_value": 1e7,
+                                                    "scale": "LOG_SCALE"}}}})
+    path = str(tmp_path / "store")
+    with pytest.raises(SweepInterrupted):
+        run_sweep(prepare_sweep(config, path), _StopAfter(2), executor_factory=_inline)
+    counts = _StartCounts()
+    summary = run_sweep(prepare_sweep(config, path), counts, executor_factory=_inline)
+    assert (counts.done, counts.diverged) == (2, 2) and summary.trials_run == 2

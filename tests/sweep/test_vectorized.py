@@ -6,6 +6,8 @@ import math
 from dataclasses import replace
 
 import pytest
+import torch
+from torch import nn
 
 import batchlab.workloads.registry as registry
 from batchlab.errors import BatchlabError
@@ -124,3 +126,62 @@ def test_vectorized_updates_come_from_the_optimizer_registry():
     devices = _specs("sgd")
     devices[1].device = "cpu"
     assert vectorization_obstacle(devices) == "trials differ in device"
+
+
+def _toy_specs(make_model, seeds=(1, 2)):
+    from batchlab.workloads import Workload, regression
+
+    def data():
+        x = torch.randn(300, 4, generator=torch.Generator().manual_seed(0))
+        return {"train": (x[:200], x[:200].sum(1)), "val": (x[200:], x[200:].sum(1))}
+
+    workload = Workload(name="toy/vmap", make_model=make_model, data=data, task=regression(), goal=0.05)
+    return [TrialSpec(workload=workload, optimizer="sgd", batch_size=16, hyperparameters={"learning_rate": 0.05},
+                      steps=6, seed=seed, evaluation_steps=[3, 6], stop_at_goal=False) for seed in seeds]
+
+
+def _dropout():
+    return nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.1), nn.Linear(8, 1), nn.Flatten(0))
+
+
+def _batch_norm():
+    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1), nn.Flatten(0))
+
+
+class _Projected(nn.Module):
+    """A fixed random projection, drawn from each trial's seed, and a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("projection", torch.randn(4, 4))
+        self.head = nn.Sequential(nn.Linear(4, 1), nn.Flatten(0))
+
+    def forward(self, x):
+        return self.head(x @ self.projection)
+
+
+def _random_buffer():
+    return _Projected()
+
+
+def _class_per_trial():
+    class Local(nn.Linear):  # a new class at every call of make_model
+        pass
+
+    return Local(4, 1)
+
+
+@pytest.mark.parametrize(("make_model", "reason"), [
+    (_dropout, "does not run under torch.func.vmap \\(vmap: called random operation"),
+    (_batch_norm, "training changes their model's buffers \\(1.running_mean, 1.running_var"),
+    (_random_buffer, "their models differ in the buffer 'projection'"),
+    (_class_per_trial, "stack_module_state: Expected all models to be of the same class"),
+])
+def test_models_that_cannot_be_vectorized_are_refused_before_training(make_model, reason):
+    from batchlab.sweep.vectorized import NotVectorizable
+
+    with pytest.raises(NotVectorizable, match="^cannot vectorize these trials: .*" + reason) as err:
+        run_trials_vectorized(_toy_specs(make_model))
+    assert "\n" not in str(err.value)
+    assert isinstance(err.value, BatchlabError)
+    run_trials_vectorized(_toy_specs(_random_buffer, seeds=(3,)))  # one trial: its own buffer, fine

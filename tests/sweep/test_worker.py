@@ -58,3 +58,14 @@ def test_a_spawned_pool_worker_reimports_a_user_workload_from_its_file(tmp_path)
         (outcome,) = list(executor.outcomes())
     assert outcome.error is None and not outcome.lost, outcome.error
     assert [o.measurements for o in outcome.result] == [o.measurements for o in in_process]
+
+
+def test_a_vectorized_task_whose_model_cannot_be_vectorized_runs_its_trials_one_at_a_time(tmp_path):
+    path = tmp_path / "dropout_workload.py"
+    path.write_text(USER_WORKLOAD.replace("make_model=lambda: nn.Linear(4, 1)",
+                                          "make_model=lambda: nn.Sequential(nn.Dropout(0.2), nn.Linear(4, 1))"))
+    task = _task(f"{path}:workload")
+    vectorized_task = TrialTask(task.study, task.trials, vectorized=True)
+    outcomes = run_task(vectorized_task)
+    assert [o.vectorized for o in outcomes] == [False, False]
+    assert [o.measurements for o in outcomes] == [o.measurements for o in run_task(task)]  # what run_trial gives

@@ -154,3 +154,10 @@ def test_batches_on_the_cpu_are_the_splits_own():
     assert device_split(split, cpu) is split
     x, y = batch_source(split, cpu)(torch.tensor([3, 1]))
     assert torch.equal(x, torch.tensor([[6.0, 7.0], [2.0, 3.0]])) and torch.equal(y, torch.tensor([3, 1]))
+
+
+def test_the_statuses_a_trial_ends_with_are_the_stores():
+    from batchlab.store.schema import DEFAULT_ANALYSIS_STATUSES, STATUSES
+
+    assert {COMPLETE, STOPPED_AT_GOAL, INFEASIBLE} <= set(STATUSES)
+    assert set(DEFAULT_ANALYSIS_STATUSES) == {COMPLETE, STOPPED_AT_GOAL}  # what best_trial ranks

@@ -81,10 +81,13 @@ def test_rng_state_round_trip_on_cpu():
     first = torch.rand(3)
     devices.set_rng_state(state, cpu)
     assert torch.equal(torch.rand(3), first)
+    here = devices.get_rng_state(cpu)
+    expected = torch.rand(3)
+    devices.set_rng_state(here, cpu)
     with devices.fork_rng(cpu):
         torch.manual_seed(123)
         torch.rand(5)
-    assert not torch.equal(torch.rand(3), first)  # the fork left the caller's stream where it was
+    assert torch.equal(torch.rand(3), expected)  # the fork left the caller's stream where it was
 
 
 @pytest.mark.skipif(NO_CUDA, reason="needs a CUDA GPU")

@@ -95,7 +95,7 @@ def test_vectorized_user_workload_matches_sequential(toy):
             sequential = run_trial(spec)
             assert (result.status, result.steps, result.steps_to_goal, result.steps_lower) == (
                 sequential.status, sequential.steps, sequential.steps_to_goal, sequential.steps_lower)
-            for a, b in zip(sequential.measurements, result.measurements):
+            for a, b in zip(sequential.measurements, result.measurements, strict=True):
                 assert a.keys() == b.keys()
                 for name in a:
                     assert b[name] == pytest.approx(a[name], rel=1e-4, abs=1e-6), (name, a, b)
@@ -121,3 +121,76 @@ def test_a_bad_reference_is_one_line(tmp_path):
     with pytest.raises(BatchlabError, match="nowhere.py") as err:
         run_trial(_spec(f"{missing}:workload"))
     assert "\n" not in str(err.value)
+
+
+def test_data_cache_follows_a_re_registered_name_and_a_modified_copy(toy, monkeypatch):
+    import dataclasses
+
+    from batchlab.workloads import register_workload, registry, resolve_workload
+
+    obj, reference, namespace = toy
+    monkeypatch.setattr(registry, "WORKLOADS", dict(registry.WORKLOADS))
+
+    def doubled():
+        return {name: (x, 2.0 * y) for name, (x, y) in namespace["data"]().items()}
+
+    first = _spec("toy/regression_mlp", evaluation_steps=[0], steps=1)
+    register_workload(obj)
+    before = run_trial(first).measurements[0]["val/mse"]
+    register_workload(dataclasses.replace(obj, data=doubled))  # a re-run notebook cell with new data
+    assert run_trial(first).measurements[0]["val/mse"] != before  # the name now means the new data
+
+    original = resolve_workload(reference)
+    changed = dataclasses.replace(original, data=doubled)  # keeps the reference field, not its data
+    a = run_trial(_spec(original, evaluation_steps=[0], steps=1)).measurements[0]["val/mse"]
+    b = run_trial(_spec(changed, evaluation_steps=[0], steps=1)).measurements[0]["val/mse"]
+    assert a == before and b != a
+
+
+def test_a_goal_on_the_test_split_is_measured_and_needs_a_test_split(toy):
+    import dataclasses
+
+    from batchlab.errors import BatchlabError
+
+    obj, _, namespace = toy
+
+    def with_test():
+        splits = namespace["data"]()
+        x, y = splits["val"]
+        return {**splits, "test": (x[:100], y[:100])}
+
+    on_test = dataclasses.replace(obj, data=with_test, metric="test/mse")
+    result = run_trial(_spec(on_test, evaluation_steps=[5, 20, 40]))
+    assert all("test/mse" in row for row in result.measurements) and result.metric == "test/mse"
+    assert result.steps_to_goal is not None  # the goal metric was read
+    no_test = dataclasses.replace(obj, metric="test/mse")
+    with pytest.raises(BatchlabError, match="^workload toy/regression_mlp: its goal metric test/mse is on the test split, "
+                                            "but its data have no test split$"):
+        run_trial(_spec(no_test))
+
+
+def test_a_goal_metric_the_task_does_not_return_is_refused_before_training(toy, tmp_path):
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    from batchlab.errors import BatchlabError
+    from batchlab.store import Store
+    from batchlab.workloads import custom_task
+
+    obj, _, namespace = toy
+
+    def metrics(outputs, targets):
+        error = (outputs.reshape(targets.shape) - targets).abs()
+        return {"mae": (error.sum(), error.numel())}
+
+    task = custom_task(lambda o, t: F.l1_loss(o.reshape(t.shape), t), metrics, name="l1")  # no declared names
+    typo = Workload(name="toy/l1", make_model=namespace["model"], data=namespace["data"], task=task, metric="val/mea",
+                    goal=0.3)
+    store = Store.open(tmp_path / "s", create=True)
+    with pytest.raises(BatchlabError, match=r"^workload toy/l1: its goal metric val/mea is not among the metrics its "
+                                            r"task 'l1' returns \(mae\)$"):
+        run_trial(_spec(typo), store=store)
+    assert store.table("trials").num_rows == 0
+    fixed = run_trial(_spec(dataclasses.replace(typo, metric="val/mae")))
+    assert fixed.status == "COMPLETE" and all("val/mae" in row for row in fixed.measurements)

@@ -107,7 +107,8 @@ def test_a_user_workload_needs_only_name_model_data_task_and_goal():
     out = w.evaluate(model, data.val, split="val")
     assert set(out) == {"val/mse", "val/mae"} and out == w.evaluate(model, (data.val_x, data.val_y))
     loss = w.loss(model(data.train_x), data.train_y)
-    assert loss.ndim == 0 and loss.item() == pytest.approx(out["val/mse"], rel=2.0)
+    train_mse = w.evaluate(model, data.train, split="train")["train/mse"]  # the training loss is the MSE
+    assert loss.ndim == 0 and loss.item() == pytest.approx(train_mse, rel=1e-5)
     d = w.describe()
     assert json.loads(json.dumps(d)) == d
     assert (d["task"], d["splits"], d["input_shape"], d["input_dtype"], d["num_parameters"], d["reference"]) == (
@@ -154,6 +155,8 @@ def test_dataset_data_gives_the_same_measurements_as_tensors():
         ({"default_batch_size": 2.5}, "default_batch_size must be an integer"),
         ({"task": "regression"}, "task must be a batchlab.workloads.Task"),
         ({"make_model": 3}, "make_model must be a function"),
+        ({"eval_examples": {"train": 0}}, "eval_examples['train'] must be an integer >= 1, got 0"),
+        ({"eval_examples": {"dev": 10}}, "eval_examples must map splits (train, val, test) to a number of examples or None"),
     ],
 )
 def test_bad_workload_declarations_are_one_line_errors(changes, message):

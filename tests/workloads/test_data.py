@@ -107,3 +107,19 @@ def test_bad_data_shapes_are_one_line_errors():
     with pytest.raises(BatchlabError, match="the train split is empty"):
         WorkloadData((x[:0], y[:0]), (x, y))
     assert np.array_equal(WorkloadData.from_tensors(x.numpy(), y.numpy(), x, y).train_x.numpy(), x.numpy())
+
+
+def test_dataset_items_that_are_not_pairs_of_tensors_are_one_line_errors():
+    x, y = tensors(6)
+    as_dicts = [{"image": x[i], "label": y[i]} for i in range(6)]
+    triples = [(x[i], y[i], i) for i in range(6)]
+    nested = [({"pixels": x[i]}, y[i]) for i in range(6)]
+    for items, fragment in ((as_dicts, "gave dict of 2"), (triples, "gave list of 3"),
+                            (nested, r"gave \(inputs, targets\) of types \(dict, Tensor\), not tensors")):
+        with pytest.raises(BatchlabError, match=fragment) as err:
+            DatasetSplit(items).batch(torch.tensor([0, 1]))
+        assert "\n" not in str(err.value) and "collate_fn=" in str(err.value)
+    fixed = DatasetSplit(as_dicts, collate_fn=lambda items: (torch.stack([i["image"] for i in items]),
+                                                              torch.stack([i["label"] for i in items])))
+    bx, by = fixed.batch(torch.tensor([4, 2]))
+    assert torch.equal(bx, x[[4, 2]]) and torch.equal(by, y[[4, 2]])

@@ -199,3 +199,15 @@ def test_a_modified_builtin_in_the_registry_pickles_by_value(monkeypatch):
     monkeypatch.setitem(registry.WORKLOADS, original.name, easier)
     assert pickle.loads(pickle.dumps(easier)).goal == 0.5
     assert pickle.loads(pickle.dumps(original)) is original
+
+
+def test_a_modified_copy_of_a_referenced_workload_is_keyed_by_its_name(user_file, monkeypatch):
+    import dataclasses
+
+    monkeypatch.setattr(registry, "WORKLOADS", dict(registry.WORKLOADS))
+    w = resolve_workload(f"{user_file}:workload")
+    easier = dataclasses.replace(w, goal=5.0)  # keeps w.reference, but the reference gives w
+    assert easier.reference == w.reference and workload_key(w) == w.reference
+    assert workload_key(easier) == "toy/mlp"  # workers must not be sent the unmodified workload
+    register_workload(easier)
+    assert not worker_resolvable(workload_key("toy/mlp"))

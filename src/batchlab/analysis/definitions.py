@@ -50,6 +50,10 @@ class CriticalBatchSizeDefinition:
     headline: bool = True
 
     def __post_init__(self) -> None:
+        for attribute in ("name", "label"):
+            text = getattr(self, attribute)
+            if not isinstance(text, str) or not text or any(c.isspace() for c in text):
+                raise BatchlabError(f"critical batch size {attribute} must be a non-empty word, got {text!r}")
         if self.source not in SOURCES:
             raise BatchlabError(f"critical batch size {self.name!r}: source must be one of {', '.join(SOURCES)}, "
                                 f"got {self.source!r}")

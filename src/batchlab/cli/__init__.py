@@ -82,7 +82,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(exc.exit_code) from None
     except BatchlabError as exc:
         fail(str(exc).replace("\n", " "))
-    except BrokenPipeError:
+    except BrokenPipeError:  # the reader went away (``| head``): stop quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         raise SystemExit(0) from None
     # Without standalone mode typer returns the status of typer.Exit, and turns Ctrl-C into status 130.
     if code == 130:

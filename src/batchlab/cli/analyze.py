@@ -213,9 +213,8 @@ def critical_batch_size_command(
 
 def _critical_batch_size_table(path: Path, group_by: str | None, tolerance: float, as_json: bool,
                                b0: float | None = None) -> None:
-    """``--steps-table``: fit each group of a plain steps table (batchlab.analysis.steps_table)."""
-    if not Path(path).is_file():
-        raise BatchlabError(f"steps table {str(path)!r} does not exist or is not a file")
+    """``--steps-table``: fit each group of a plain steps table (batchlab.analysis.steps_table, which
+    checks the file)."""
     from batchlab.analysis.steps_table import fit_steps_table
 
     groups = fit_steps_table(path, group_by=group_by, tolerance=tolerance, b0=b0)

@@ -16,6 +16,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from batchlab.analysis.definitions import named_definitions  # the one registry of named critical batch sizes
 from batchlab.analysis.regimes import check_tolerance
 from batchlab.cli.options import Tolerance, json_option
 from batchlab.cli.output import check_output_path, emit_json, line, note, print_table
@@ -70,14 +71,6 @@ def _cells(row: dict, columns: list[str]) -> list:
 
 def _table(title: str, rows: list[dict], columns: list[str]) -> None:
     print_table(title, columns, [_cells(row, columns) for row in rows])
-
-
-def _definitions():
-    """The named critical batch size definitions, in registry order (the one registry:
-    :mod:`batchlab.analysis.definitions`)."""
-    from batchlab.analysis.definitions import named_definitions
-
-    return named_definitions()
 
 
 def _tuned(optimizer, precondition, preset, power_law, dim, spectrum, batch_sizes, target, grid, schedule,
@@ -142,7 +135,7 @@ def _print_fit(summary: dict) -> None:
         f"B0 = {grid['b0']:g}, learning-rate grid {grid['learning_rate_grid']}"
     )
     data_rows = []
-    for definition in _definitions():
+    for definition in named_definitions():
         if definition.source != "data":
             continue
         entry = named[definition.name]
@@ -154,7 +147,7 @@ def _print_fit(summary: dict) -> None:
     _table(f"regimes read from the data (tolerance {tol:g}): {summary['label']}", data_rows,
            ["name", "value", "interpolated", "points inside", "reason"])
     fit = summary["fit"]
-    fit_rows = [{"name": d.name, "value": named[d.name]["value"]} for d in _definitions() if d.source == "fit"]
+    fit_rows = [{"name": d.name, "value": named[d.name]["value"]} for d in named_definitions() if d.source == "fit"]
     fit_rows.append({"name": "S_min fit (steps)", "value": fit["s_min"]})
     fit_rows.append({"name": "E_min fit (examples)", "value": fit["e_min"]})
     fit_rows.append({"name": "rms log residual", "value": fit["rms_log_residual"]})
@@ -175,7 +168,7 @@ def fit_command(
     batch_sizes: Annotated[str, typer.Option("--batch-sizes", help="comma-separated batch sizes")] = ",".join(
         str(2**k) for k in range(2, 21, 2)),
     target: Target = 0.01,
-    grid: Annotated[str, typer.Option("--grid", help="official or auto")] = "auto",
+    grid: Grid = "auto",
     schedule: Schedule = "constant",
     max_steps: MaxSteps = None,
     tolerance: Tolerance = 0.1,
@@ -289,14 +282,14 @@ def figures(
 def _print_critical_batch_sizes(table: list[dict]) -> None:
     """The figure set's critical batch sizes: one row per curve, one column per named definition (its
     label, in registry order), then one line per definition (``label = name: definition``)."""
-    from batchlab.analysis.definitions import legend
+    from batchlab.analysis.definitions import legend, named_values
 
-    definitions = _definitions()
+    definitions = named_definitions()
     rows = []
     for summary in table:
-        named = summary["critical_batch_sizes"]
+        values = named_values(summary)
         row = {"curve": summary["label"], "S_min": summary["fit"]["s_min"]}
-        row.update({d.label: named[d.name]["value"] for d in definitions})
+        row.update({d.label: values[d.name] for d in definitions})
         row.update({
             "S_min_measured": summary["s_min"]["measured"]["value"],
             "B_range": f"{summary['batch_size_range'][0]:g}-{summary['batch_size_range'][1]:.3g}",
@@ -312,6 +305,17 @@ def _print_critical_batch_sizes(table: list[dict]) -> None:
     )
     for entry in legend():  # whole lines (a caption would wrap them to the table's width)
         line(entry)
+    for entry in _OTHER_COLUMNS:
+        line(entry)
+
+
+#: The table's columns that are not named critical batch sizes, one line each (under the legend).
+_OTHER_COLUMNS = (
+    "S_min = the fit's S_min (steps) in S(B) = S_min + E_min / B",
+    "S_min_measured = the fewest steps to the target measured at any batch size",
+    "B_range = the smallest and largest batch sizes of the curve; B0 = the batch size perfect scaling is measured from",
+    "rms_log_resid = root-mean-square of log S_measured - log S_fit over the batch sizes that reached the target",
+)
 
 
 @nqm_app.command("algorithms")

@@ -32,7 +32,8 @@ Metric = Annotated[str, typer.Option("--metric", help="Metric name, e.g. val/cla
 MetricOrTable = Annotated[Optional[str], typer.Option("--metric", help="Metric name, e.g. val/classification_error.")]
 Goal = Annotated[float, typer.Option("--goal", help="Goal the metric must strictly beat.")]
 GoalOrTable = Annotated[Optional[float], typer.Option("--goal", help="Goal the metric must strictly beat.")]
-Maximize = Annotated[bool, typer.Option("--maximize", help="Higher is better: reach means metric > goal.")]
+Maximize = Annotated[bool, typer.Option(
+    "--maximize", help="Higher is better (a goal is reached when the metric exceeds it).")]
 MaxTrials = Annotated[str, typer.Option(
     "--max-trials", metavar="N|all|auto",
     help="Use only the first N trials (trial-id order) per batch size; 'all': every trial; 'auto' (default): "
@@ -53,7 +54,8 @@ Studies = Annotated[Optional[list[str]], typer.Option(
 MixStudies = Annotated[bool, typer.Option(
     "--mix-studies", help="Pool trials of different study definitions at one batch size (reported as mixed_studies).")]
 Tolerance = Annotated[float, typer.Option(
-    "--tolerance", help="Tolerance of the regimes read from the data, in (0, 1) (docs/methods.md, \"Regimes\").")]
+    "--tolerance",
+    help="Tolerance of the regimes read from the data, in (0, 1) (docs/methods.md, \"Regimes read from the data\").")]
 Level = Annotated[float, typer.Option("--level", help="Interval coverage, in (0, 1).")]
 B0 = Annotated[Optional[float], typer.Option(
     "--b0", help="Batch size perfect scaling is measured from (a reached one; default: the smallest reached). "
@@ -178,14 +180,6 @@ def connect_store(store: Path):
     from batchlab.store import Store
 
     return Store.open(store, create=False).connect()
-
-
-def check_device(device: str) -> str:
-    """``--device`` validated early (:func:`batchlab.train.device.check_device`): one-line error for
-    a name other than ``auto|cpu|cuda|cuda:N|mps`` or a device not available here."""
-    from batchlab.train.device import check_device as library_check
-
-    return library_check(device)
 
 
 def open_store(path: str | Path):

@@ -75,9 +75,9 @@ def json_ready(obj: Any, *, keep_infinite: bool = False) -> Any:
     return convert(obj)
 
 
-def emit_json(obj: Any) -> None:
-    """Print ``obj`` as one JSON document on one line of stdout (see :func:`json_ready`)."""
-    print(json.dumps(json_ready(obj), allow_nan=False), flush=True)
+def emit_json(obj: Any, file: Any = None) -> None:
+    """Print ``obj`` as one JSON document on one line of ``file`` (default stdout; see :func:`json_ready`)."""
+    print(json.dumps(json_ready(obj), allow_nan=False), file=file or sys.stdout, flush=True)
 
 
 def note(message: str) -> None:
@@ -144,7 +144,6 @@ def print_table(title: str | None, columns: Sequence[str | tuple[str, str]], row
 
     No cell is ever cut: on a terminal a long cell folds onto the next line; on a file or a pipe the
     table is as wide as its content needs."""
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title, caption=caption, caption_justify="left")
@@ -153,10 +152,23 @@ def print_table(title: str | None, columns: Sequence[str | tuple[str, str]], row
         table.add_column(name, justify=justify, overflow="fold")
     for row in rows:
         table.add_row(*(value if isinstance(value, str) else cell(value) for value in row))
-    probe = Console(file=sys.stdout, markup=False, highlight=False, emoji=False)
+    probe = _stdout_console()
     if probe.is_terminal:
         probe.print(table)
         return
-    wide = Console(file=sys.stdout, width=100_000, markup=False, highlight=False, emoji=False)
-    width = max(20, wide.measure(table).maximum)
-    Console(file=sys.stdout, width=width, markup=False, highlight=False, emoji=False, color_system=None).print(table)
+    width = max(20, _stdout_console(width=100_000).measure(table).maximum)
+    _stdout_console(width=width, color_system=None).print(table)
+
+
+def _stdout_console(**options: Any):
+    """A rich Console on stdout whose reader going away (``batchlab ... | head``) raises
+    BrokenPipeError, which :func:`batchlab.cli.main` turns into a quiet exit 0 like any other output
+    (rich's own default is ``SystemExit(1)``)."""
+    from rich.console import Console
+
+    class _StdoutConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return _StdoutConsole(file=sys.stdout, markup=False, highlight=False, emoji=False, **options)

@@ -18,10 +18,9 @@ selection options are those of ``batchlab analyze`` (``--status``, ``--max-trial
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Optional
 
 import typer
-
-from typing import Annotated, Optional
 
 from batchlab.cli import options as opt
 from batchlab.cli.analyze import trials_caption

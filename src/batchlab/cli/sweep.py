@@ -94,10 +94,11 @@ def register(app: typer.Typer) -> None:
         """Run every (workload, optimizer, batch size) study of a sweep; resume where a previous run stopped."""
         from batchlab.cli.output import note
         from batchlab.sweep.config import sweep_config_from_options
-        from batchlab.sweep.runner import prepare_sweep, run_sweep
+        from batchlab.sweep.runner import SweepInterrupted, prepare_sweep, run_sweep
+        from batchlab.train.device import check_device
 
         if device is not None:
-            device = opt.check_device(device)
+            device = check_device(device)  # here: its message without the "sweep options: field" prefix
         options = {
             "optimizers": opt.parse_csv(optimizer, "--optimizer"),
             "batch_sizes": opt.parse_csv(batch_sizes, "--batch-sizes", int),
@@ -125,10 +126,7 @@ def register(app: typer.Typer) -> None:
             import signal
 
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the message short
-            close = getattr(reporter, "close", None)
-            if close is not None:
-                close()
-            saved = getattr(exc, "saved", None)
-            count = "" if saved is None else f"{saved} trials saved; "
-            note(f"interrupted: {count}re-run the same command to resume")
+            reporter.close()
+            # SweepInterrupted says how many trials are saved; a Ctrl-C outside the run loop cannot
+            note(str(exc) if isinstance(exc, SweepInterrupted) else "interrupted: re-run the same command to resume")
             raise SystemExit(130) from None  # not typer.Exit: main() would add a second line

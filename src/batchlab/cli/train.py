@@ -150,7 +150,7 @@ def register(app: typer.Typer) -> None:
         batch_size: opt.BatchSize,
         learning_rate: Annotated[float, typer.Option("--learning-rate", help="Base learning rate (> 0).")],
         momentum: Annotated[Optional[float], typer.Option(
-            "--momentum", help="Momentum (momentum, nesterov, kfac, lars).")] = None,
+            "--momentum", help="Momentum, for the optimizers that take one (see batchlab optimizers).")] = None,
         steps: opt.Steps = None,
         train_examples: opt.TrainExamples = None,
         seed: Annotated[int, typer.Option("--seed", help="Model initialisation, data order and training subset.")] = 0,
@@ -171,10 +171,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run one trial: print each evaluation, then the status and steps to the goal."""
         from batchlab.train import TrialSpec, prepare_trial, run_prepared
+        from batchlab.train.device import check_device
         from batchlab.train.evaluation import every_n_steps
         from batchlab.workloads import get_workload
 
-        device = opt.check_device(device)
+        device = check_device(device)
         hyperparameters: dict[str, Any] = {"learning_rate": learning_rate}
         if momentum is not None:
             hyperparameters["momentum"] = momentum
@@ -185,8 +186,6 @@ def register(app: typer.Typer) -> None:
         hyperparameters.update(extra)
         w = get_workload(workload)
         budget = w.default_steps if steps is None else steps
-        if budget < 1:
-            raise BatchlabError(f"steps must be >= 1, got {budget}")
         spec = TrialSpec(
             workload=workload, optimizer=optimizer, batch_size=batch_size, hyperparameters=hyperparameters,
             steps=budget, train_examples=train_examples, seed=seed, data_seed=seed, stop_at_goal=stop_at_goal,
@@ -215,7 +214,7 @@ def register(app: typer.Typer) -> None:
             "wall_time_s": round(result.wall_time_s, 3), "workload": result.workload,
             "batch_size": result.batch_size, "trial_id": result.trial_id, "parameters": result.parameters,
             "seed": result.seed, "metric": result.metric, "goal": result.goal,
-            "device": getattr(result, "device", device),
+            "device": result.device,
         }
         if json_output:
             emit_json(summary)
@@ -248,11 +247,13 @@ def register(app: typer.Typer) -> None:
         json_output: StudyJson = False,
     ) -> None:
         """Run one study (one workload at one batch size) and print its best trial."""
+        from batchlab.train.device import check_device
         from batchlab.train.study import check_study, run_study
 
-        device = opt.check_device(device)
-        budget = check_study(workload, optimizer, batch_size, trials, steps, train_examples, seed, stop_at_goal,
-                             eval_budget, train_eval_examples, resolution, refine, device)
+        common = dict(train_examples=train_examples, seed=seed, stop_at_goal=stop_at_goal, eval_budget=eval_budget,
+                      train_eval_examples=train_eval_examples, resolution=resolution, refine=refine,
+                      device=check_device(device))
+        budget = check_study(workload, optimizer, batch_size, trials, steps=steps, **common)
         opened = opt.open_store(store)
 
         def trial_row(t) -> dict:
@@ -263,15 +264,12 @@ def register(app: typer.Typer) -> None:
                 "wall_time_s": round(t.wall_time_s, 3),
             }
 
-        common = dict(steps=budget, train_examples=train_examples, seed=seed, stop_at_goal=stop_at_goal,
-                      eval_budget=eval_budget, train_eval_examples=train_eval_examples, resolution=resolution,
-                      refine=refine, device=device)
         if json_output:
-            result = run_study(workload, optimizer, batch_size, trials, opened,
+            result = run_study(workload, optimizer, batch_size, trials, opened, steps=budget,
                                on_trial=lambda t: emit_json(trial_row(t)), **common)
         else:
             with _Bar(f"study {workload} {optimizer} B={batch_size}", trials) as advance:
-                result = run_study(workload, optimizer, batch_size, trials, opened,
+                result = run_study(workload, optimizer, batch_size, trials, opened, steps=budget,
                                    on_trial=lambda t: advance(), **common)
         best, best_final = result.best, result.best_final
         first = result.trials[0]

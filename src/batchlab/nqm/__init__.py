@@ -9,22 +9,29 @@ loss curve of one configuration, divergence reported), :mod:`~batchlab.nqm.monte
 :mod:`~batchlab.nqm.figures` (data of the figure set).
 """
 
-from batchlab.nqm.algorithms import Algorithm, NQMAlgorithm, get_nqm_algorithm, nqm_algorithm_names
-from batchlab.nqm.curve import LossCurve, loss_curve
-from batchlab.nqm.dynamics import dense_losses, losses_at_steps, moment_recurrence
-from batchlab.nqm.problem import (
-    PRESETS,
-    Problem,
-    from_eigenvalues,
-    information_lower_bound,
-    power_law,
-    preset,
-    select_problem,
-    spectrum_from_file,
-)
-from batchlab.nqm.steps import StepsResult, steps_to_target
-from batchlab.nqm.sweep import fit_summary, sweep_rows
-from batchlab.nqm.tuning import TunedPoint, steps_curve, tune, tune_pwc
+import importlib
+
+# Each public name and the module that defines it. Loaded on first use (PEP 562), so importing one
+# light module (``batchlab.nqm.algorithms`` for the command line's help texts) does not load scipy.
+_HOMES = {
+    "Algorithm": "algorithms", "NQMAlgorithm": "algorithms", "get_nqm_algorithm": "algorithms",
+    "nqm_algorithm_names": "algorithms",
+    "LossCurve": "curve", "loss_curve": "curve",
+    "dense_losses": "dynamics", "losses_at_steps": "dynamics", "moment_recurrence": "dynamics",
+    "PRESETS": "problem", "Problem": "problem", "from_eigenvalues": "problem",
+    "information_lower_bound": "problem", "power_law": "problem", "preset": "problem",
+    "select_problem": "problem", "spectrum_from_file": "problem",
+    "StepsResult": "steps", "steps_to_target": "steps",
+    "fit_summary": "sweep", "sweep_rows": "sweep",
+    "TunedPoint": "tuning", "steps_curve": "tuning", "tune": "tuning", "tune_pwc": "tuning",
+}
+
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"batchlab.nqm.{_HOMES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "PRESETS",

@@ -53,6 +53,9 @@ class BaseUpdate:
             ``e . w`` and ``init`` the vector f with ``w_0 = f x_0``. ``x`` is the first component.
         sample: ``sample(x, v, gain, h, eps, mu) -> (x, v)``: one update of sampled states (``gain = lr
             h^-p``, ``eps`` the batch-gradient noise; ``mu`` is None without momentum).
+
+    With momentum 0 an update that uses momentum must be plain SGD's: :func:`batchlab.nqm.tuning.tune`
+    bounds its search by SGD's answer when the grid holds 0 on every axis but the learning rate.
     """
 
     name: str
@@ -131,6 +134,9 @@ class NQMAlgorithm:
             which uses plain SGD's closed-form steady state).
         notebook_fudge: supports the notebook's ``1e-8`` steady-state fudge (single-moment dynamics).
         clamp_official_low: the notebook clamps its ``low`` convention to ``>= 1`` for this algorithm.
+
+    ``pwc`` and ``notebook_fudge`` rest on plain SGD's single-moment dynamics, so they need base ``sgd``
+    without EMA. :func:`register_nqm_algorithm` checks an entry (a one-line :class:`BatchlabError`).
     """
 
     name: str
@@ -199,10 +205,39 @@ _REGISTRY: dict[str, NQMAlgorithm] = {}
 
 
 def register_nqm_algorithm(entry: NQMAlgorithm) -> NQMAlgorithm:
-    """Add ``entry`` to the registry (its base update must exist; names are unique)."""
-    get_base_update(entry.base)
+    """Add ``entry`` to the registry and return it.
+
+    Raises:
+        BatchlabError (one line): not an :class:`NQMAlgorithm`, a name already registered or not one
+            word, a summary that is not one line, an unknown base update, ``official_high`` not an
+            integer >= 2, ``pwc`` or ``notebook_fudge`` on anything but base ``sgd`` without EMA, or a
+            grid whose axes are not :attr:`NQMAlgorithm.hyperparameters` in order (each a non-empty
+            1-D array: learning rates > 0, momentum / EMA decay in [0, 1)).
+    """
+    if not isinstance(entry, NQMAlgorithm):
+        raise BatchlabError(f"register_nqm_algorithm needs a batchlab.nqm.algorithms.NQMAlgorithm, "
+                            f"got {type(entry).__name__}")
+    where = f"NQM algorithm {entry.name!r}"
+    if not isinstance(entry.name, str) or not entry.name or any(c.isspace() for c in entry.name):
+        raise BatchlabError(f"NQM algorithm name must be a non-empty word, got {entry.name!r}")
     if entry.name in _REGISTRY:
-        raise BatchlabError(f"NQM algorithm {entry.name!r} is already registered")
+        raise BatchlabError(f"{where} is already registered")
+    if not isinstance(entry.summary, str) or not entry.summary.strip() or "\n" in entry.summary:
+        raise BatchlabError(f"{where}: summary must be one non-empty line")
+    get_base_update(entry.base)
+    if isinstance(entry.official_high, bool) or not isinstance(entry.official_high, int) or entry.official_high < 2:
+        raise BatchlabError(f"{where}: official_high must be an integer >= 2, got {entry.official_high!r}")
+    if (entry.pwc or entry.notebook_fudge) and (entry.base != "sgd" or entry.ema):
+        raise BatchlabError(f"{where}: pwc and notebook_fudge need base update 'sgd' without EMA")
+    axes = entry.grid() if callable(entry.grid) else None
+    if not isinstance(axes, dict) or tuple(axes) != entry.hyperparameters:
+        raise BatchlabError(f"{where}: grid() must return the axes {', '.join(entry.hyperparameters)} in this order")
+    for axis, values in axes.items():
+        values = np.asarray(values, dtype=float)
+        in_range = np.all(values > 0) if axis == "learning_rate" else np.all((values >= 0) & (values < 1))
+        if values.ndim != 1 or values.size == 0 or not np.all(np.isfinite(values)) or not in_range:
+            allowed = "> 0" if axis == "learning_rate" else "in [0, 1)"
+            raise BatchlabError(f"{where}: grid axis {axis} must be a non-empty 1-D array of finite values {allowed}")
     _REGISTRY[entry.name] = entry
     return entry
 

@@ -14,6 +14,8 @@ one). :meth:`LossCurve.rows` gives ``None`` for those losses.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +29,8 @@ MAX_DENSE_STEPS = 20_000_000
 
 LOG_POINTS = 200
 """Number of log-spaced steps (before removing duplicates) of ``every="log"``."""
+
+_ROWS_BLOCK = 1 << 16  # steps converted to Python numbers at a time by LossCurve.rows
 
 
 def _every_step(last: int) -> np.ndarray:
@@ -73,12 +77,15 @@ class LossCurve:
         bad = np.flatnonzero(~np.isfinite(self.losses))
         return int(self.steps[bad[0]]) if bad.size else None
 
-    def rows(self) -> list[dict]:
-        """``[{"step": t, "loss": L(t)}, ...]``; a loss that is not finite is ``None``."""
-        return [
-            {"step": t, "loss": loss if np.isfinite(loss) else None}
-            for t, loss in zip(self.steps.tolist(), self.losses.tolist())
-        ]
+    def rows(self) -> Iterator[dict]:
+        """``{"step": t, "loss": L(t)}`` per listed step, in order; a loss that is not finite is ``None``.
+
+        An iterator, made a block of steps at a time, so a curve of :data:`MAX_DENSE_STEPS` steps streams
+        without a list of millions of dicts."""
+        for start in range(0, self.steps.size, _ROWS_BLOCK):
+            block = slice(start, start + _ROWS_BLOCK)
+            for t, loss in zip(self.steps[block].tolist(), self.losses[block].tolist()):
+                yield {"step": t, "loss": loss if math.isfinite(loss) else None}
 
     def final_loss(self) -> float | None:
         """The loss at the last listed step (None if not finite)."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from batchlab.errors import BatchlabError, unknown_name_error
-from batchlab.nqm.algorithms import EMA_GRID_WITH_MOMENTUM, SECOND_GRID, get_nqm_algorithm, nqm_algorithm_names
+from batchlab.nqm.algorithms import get_nqm_algorithm, nqm_algorithm_names
 from batchlab.nqm.dynamics import Algorithm, losses_at_steps, moment_recurrence
 from batchlab.nqm.problem import Problem
 from batchlab.nqm.steps import (
@@ -211,9 +211,7 @@ def check_grid(grid: str) -> str:
 
 
 __all__ = [
-    "EMA_GRID_WITH_MOMENTUM",
     "GRIDS",
-    "SECOND_GRID",
     "TunedPoint",
     "check_grid",
     "official_grid",

@@ -30,6 +30,12 @@ LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 class TrainingAlgorithm:
     """One optimizer, schedule and optional EMA bound to one model. See the module docstring.
 
+    ``hyperparameters`` must be resolved (:func:`batchlab.optim.resolve_hyperparameters`: every name
+    with its value); ``total_steps`` is the decay length when ``end_learning_rate_factor`` comes
+    without ``learning_rate_decay_steps``. ``seed`` and ``preconditioner_options`` (keyword arguments)
+    go to the entry's ``preconditioner`` when it has one (K-FAC: the seed of the sampled Fisher labels,
+    ``{"fisher_type": "empirical"}``); other optimizers ignore them.
+
     ``step(x, y)`` runs one update and returns the batch loss before it; ``evaluation_weights()``
     swaps in the weight EMA (when ``ema_decay`` is set) for the duration of a ``with`` block.
     """

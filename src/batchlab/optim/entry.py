@@ -13,16 +13,19 @@ the registry (:mod:`batchlab.optim.registry`):
 * ``rules``: the allowed values (:class:`batchlab.optim.hyperparameters.Rule`) of hyperparameter names
   not already in :data:`batchlab.optim.hyperparameters.RULES` (an entry may also narrow a shared name);
 * ``search_space``: the parameters searched in a constant-learning-rate study
-  (:class:`batchlab.search.Parameter`; the linear-decay parameters are added by
-  :func:`batchlab.search.default_search_space`);
+  (:class:`batchlab.search.Parameter`; an integer hyperparameter needs an INTEGER or DISCRETE
+  parameter). The linear-decay parameters (``learning_rate_decay_steps``, ``end_learning_rate_factor``)
+  are added by :func:`batchlab.search.default_search_space` and so may not appear here;
 * ``build(params, hyperparameters) -> torch.optim.Optimizer``: the optimizer over the model's trainable
   parameters (a list, in ``model.parameters()`` order) with every hyperparameter resolved;
 * ``vectorized`` (optional): the same update on K stacked trials (:class:`VectorizedUpdate`), used by
   :mod:`batchlab.sweep.vectorized`; ``None`` = trials with this optimizer run one at a time;
-* ``preconditioner`` (optional): ``preconditioner(model, hyperparameters, seed)`` returns an object with
-  ``update(x, y, logits_shape)`` and ``precondition()``; each training step calls ``update`` on the batch
-  (only when the loss is finite) and then ``precondition`` (which rewrites the ``.grad`` of the
-  parameters in place) before ``optimizer.step()``. K-FAC uses it.
+* ``preconditioner`` (optional): ``preconditioner(model, hyperparameters, seed, **options)`` returns a
+  :class:`Preconditioner`, an object with ``update(x, y, logits_shape)`` and ``precondition()``; each
+  training step with a finite loss calls ``update`` on the batch and then ``precondition`` (which
+  rewrites the ``.grad`` of the parameters in place) before ``optimizer.step()`` (a step whose loss is
+  not finite calls neither). ``options`` are the ``preconditioner_options`` of
+  :class:`batchlab.optim.TrainingAlgorithm` (K-FAC: ``fisher_type``). K-FAC uses it.
 
 The entry checks itself when created (:meth:`OptimizerEntry.__post_init__`): a mistake in a
 declaration is a one-line :class:`batchlab.errors.BatchlabError` at registration, not a failure in the
@@ -47,6 +50,8 @@ if TYPE_CHECKING:
     from batchlab.search.space import Parameter
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+#: Hyperparameters :func:`batchlab.search.default_search_space` adds with ``schedule="linear"``.
+_SCHEDULE_PARAMETERS = ("learning_rate_decay_steps", "end_learning_rate_factor")
 
 #: ``update(params, grads, state, lr, column, step, weight_decay)`` of a :class:`VectorizedUpdate`.
 StackedUpdate = Callable[..., None]
@@ -66,7 +71,7 @@ class VectorizedUpdate:
     rates (schedule applied), ``column(name)`` returns the float32 tensor (K,) of hyperparameter
     ``name`` over the trials, ``step`` is the 1-based update count (bias corrections) and
     ``weight_decay`` is whether any trial has a non-zero ``weight_decay``. It must reproduce the
-    entry's ``build`` optimizer step for step (``tests/optim/test_vectorized.py`` checks).
+    entry's ``build`` optimizer step for step (``tests/optim/test_vectorized_updates.py`` checks).
     """
 
     state_names: tuple[str, ...]
@@ -129,14 +134,20 @@ class OptimizerEntry:
         if not isinstance(space, tuple):
             raise BatchlabError(f"{where}: search_space must be a tuple of batchlab.search.Parameter, got {space!r}")
         object.__setattr__(self, "search_space", space)
-        accepted = set(self.defaults) | set(COMMON_DEFAULTS)
+        accepted = (set(self.defaults) | set(COMMON_DEFAULTS)) - set(_SCHEDULE_PARAMETERS)
         for parameter in space:
             if not isinstance(parameter, Parameter):
                 raise BatchlabError(f"{where}: search_space must hold batchlab.search.Parameter, got {parameter!r}")
+            if parameter.name in _SCHEDULE_PARAMETERS:
+                raise BatchlabError(f"{where}: search space parameter {parameter.name!r} is added by the linear "
+                                    "schedule (batchlab.search.default_search_space); leave it out")
             if parameter.name not in accepted:
                 raise BatchlabError(f"{where}: search space parameter {parameter.name!r} is not a hyperparameter "
                                     f"it accepts; accepted: {', '.join(sorted(accepted))}")
             rule = self.rule(parameter.name)
+            if rule.integer and parameter.type == "DOUBLE":
+                raise BatchlabError(f"{where}: search space of {parameter.name} must be INTEGER or DISCRETE "
+                                    f"(it is {rule.describe()}), got DOUBLE")
             ends = parameter.feasible_points if parameter.type == "DISCRETE" else (parameter.min_value, parameter.max_value)
             if not all(not isinstance(v, bool) and isinstance(v, (int, float)) and rule.admits(float(v)) for v in ends):
                 raise BatchlabError(f"{where}: search space of {parameter.name} goes outside {rule.describe()}")

@@ -7,7 +7,7 @@ formulas are written out here, one function per optimizer, each the ``update`` o
 
 Formulas: ``torch.optim.SGD`` (dampening 0; the momentum buffer starts at the first gradient, i.e.
 at zero before it; weight decay L2 style, ``g + weight_decay * theta``) and ``torch.optim.Adam``
-(non-fused). ``tests/optim/test_vectorized.py`` checks each against the entry's own torch optimizer.
+(non-fused). ``tests/optim/test_vectorized_updates.py`` checks each against the entry's own torch optimizer.
 The arithmetic (operations and their order) is what the vectorized sweeps have always run, so their
 measurements do not change.
 """

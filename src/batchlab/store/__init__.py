@@ -11,10 +11,10 @@ The names of the store (statuses, tables, view columns, file layout) are in
 """
 
 from batchlab.store.schema import STATUSES, TABLES, store_workload_name
-from batchlab.store.store import Store, remove_empty_store, store_for_import
+from batchlab.store.store import Store, store_for_import
 from batchlab.store.writer import TrialRecord, TrialWriter, publish_trials
 
 __all__ = [
-    "STATUSES", "TABLES", "Store", "TrialRecord", "TrialWriter", "publish_trials", "remove_empty_store",
-    "store_for_import", "store_workload_name",
+    "STATUSES", "TABLES", "Store", "TrialRecord", "TrialWriter", "publish_trials", "store_for_import",
+    "store_workload_name",
 ]

@@ -32,7 +32,7 @@ from batchlab.errors import BatchlabError
 from batchlab.store.files import exclusive_lock, fsync_directory, write_bytes_atomic
 from batchlab.store.schema import LOCK_FILE, LOG_DIR, TABLES
 
-__all__ = ["LOCK_FILE", "LOG_DIR", "CommitPlan", "StoreState", "commit", "read_state"]
+__all__ = ["CommitPlan", "StoreState", "commit", "read_state"]
 
 
 @dataclass

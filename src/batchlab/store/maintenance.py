@@ -103,14 +103,6 @@ def store_info(store: Store, workload: str | None = None) -> dict:
     }
 
 
-def write_measurements_file(store: Store, table: pa.Table) -> str:
-    """Write measurement rows already sorted by :data:`MEASUREMENT_ORDER` as a new, uncommitted
-    data file (atomically) in the measurements layout; returns its path relative to the store.
-    The caller sorts (the release import builds its rows in order); unsorted rows go through
-    ``store.write_data_file("measurements", table)``, which sorts them."""
-    return store.write_data_file("measurements", table, presorted=True)
-
-
 def _rows(path: Path) -> int:
     return pq.ParquetFile(path).metadata.num_rows
 
@@ -138,7 +130,7 @@ def _merge(store: Store, name: str, group: list[str]) -> str:
     """Write the rows of ``group`` to one new uncommitted file, streaming.
 
     Measurements are re-sorted by :data:`MEASUREMENT_ORDER` (DuckDB's external sort, so memory
-    stays bounded) and written with the import's layout; the other tables keep their row order and
+    stays bounded) and written in the measurements layout; the other tables keep their row order and
     every column (``study_id`` and ``definition`` included)."""
     rel, path = store.new_data_path(name)
     if name == "measurements":

@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchlab.errors import BatchlabError, unknown_name_error
-from batchlab.store.files import write_bytes_atomic, write_data_table
+from batchlab.store.files import exclusive_lock, write_bytes_atomic, write_data_table
 from batchlab.store.log import CommitPlan, StoreState, commit, read_state
 from batchlab.store.schema import (
     DATA_DIR,
@@ -52,18 +52,12 @@ from batchlab.store.schema import (
     conform,
     data_file_name,
     empty_table,
-    split_workload,
-    validate_status,
     view_sql,
 )
-from batchlab.store.studies import TRIAL_ID_BLOCK
+from batchlab.store.studies import TRIAL_ID_BLOCK, id_block
 from batchlab.store.writer import TrialWriter
 
-# split_workload and validate_status live in batchlab.store.schema; importable from here as before.
-__all__ = [
-    "DATA_DIR", "FORMAT_VERSION", "MARKER", "PENDING_DIR", "Store", "remove_empty_store", "split_workload",
-    "store_for_import", "validate_status",
-]
+__all__ = ["Store", "store_for_import"]  # the schema's names are batchlab.store.schema's
 
 
 class Store:
@@ -152,6 +146,8 @@ class Store:
             return cls.open(root), False
         if not root.exists():
             parent = root.absolute().parent
+            if parent.exists() and not parent.is_dir():
+                raise BatchlabError(f"cannot create a store at {root}: {parent} is a file, not a directory")
             if not parent.is_dir():
                 raise BatchlabError(
                     f"cannot create a store at {root}: directory {parent} does not exist "
@@ -231,7 +227,7 @@ class Store:
             if header["workload"] == workload and header["batch_size"] == batch_size:
                 largest = max(largest, header["trial_id"])
         candidate = largest + 1
-        block = (candidate - 1) // TRIAL_ID_BLOCK  # block k holds ids k*M+1 .. (k+1)*M
+        block = id_block(candidate)
         if block in self._sweep_blocks(state, workload, batch_size, trials):
             candidate = (block + 1) * TRIAL_ID_BLOCK + 1
         return candidate
@@ -245,8 +241,8 @@ class Store:
         ))
         swept = {sid for sid, text in zip(studies["study_id"].to_pylist(), studies["definition"].to_pylist())
                  if text and "sweep" in json.loads(text)}
-        return {(tid - 1) // TRIAL_ID_BLOCK for tid, sid in zip(trials["trial_id"].to_pylist(),
-                                                          trials["study_id"].to_pylist()) if sid in swept}
+        return {id_block(tid) for tid, sid in zip(trials["trial_id"].to_pylist(), trials["study_id"].to_pylist())
+                if sid in swept}
 
     def pending_headers(self) -> list[dict]:
         """Headers of the journals of trials being written (or abandoned by a crash)."""
@@ -484,36 +480,46 @@ def _check_no_id_collision(new_trials: pa.Table, committed: pa.Table) -> None:
 
 @contextmanager
 def store_for_import(path: str | Path) -> Iterator[tuple[Store, bool]]:
-    """``(store, created)`` of :meth:`Store.open_or_create` for one import (or any one-shot write);
-    if the block raises (a malformed file, Ctrl-C) while the store was created by this call and has
-    no commit yet, the new store is removed again, so a failed import leaves no empty store behind:
-    the directory too when it did not exist before, only its contents when it was an empty
-    directory. An existing store, or one that got a commit, is never touched (commits are atomic,
-    so a failed import adds nothing to it)."""
+    """``(store, created)`` of :meth:`Store.open_or_create` for one import (or any one-shot write).
+
+    If the block raises (a malformed file, Ctrl-C) while the store was created by this call and has no
+    commit yet, the new store is removed again, so a failed import leaves no empty store behind: its
+    own entries (marker, lock, ``log/``, ``pending/``, ``data/``), then the directory if this call
+    created it and it is empty. Nothing else is ever deleted: an existing store, one that got a commit
+    (commits are atomic, so a failed import adds nothing to it), one another process is writing into
+    (a live claim or a trial journal not of this store object), and any file that is not part of the
+    store's layout are all left as they are. The original exception propagates unchanged."""
     root = Path(path)
     existed = root.exists()
     store, created = Store.open_or_create(root)
     try:
         yield store, created
     except BaseException:
-        if created and store.state().seq == 0:
-            remove_empty_store(root, keep_directory=existed)
+        if created:
+            _remove_new_store(store, keep_directory=existed)
         raise
 
 
-def remove_empty_store(root: str | Path, *, keep_directory: bool = False) -> None:
-    """Delete the store at ``root`` (its directory too unless ``keep_directory``) if it has no commit;
-    BatchlabError (nothing deleted) if it has one or is not a store."""
-    root = Path(root)
-    store = Store.open(root)
-    if store.state().seq != 0:
-        raise BatchlabError(f"store {root} holds commits; only an empty store is removed")
-    if not keep_directory:
-        shutil.rmtree(root, ignore_errors=True)
-        return
-    for name in (MARKER, *{sub.split("/")[0] for sub in STORE_DIRS}, LOCK_FILE):
-        target = root / name
-        if target.is_dir():
-            shutil.rmtree(target, ignore_errors=True)
-        else:
-            target.unlink(missing_ok=True)
+def _remove_new_store(store: Store, *, keep_directory: bool) -> bool:
+    """Remove the store ``store`` (just created by this process) if nobody committed to or is writing
+    into it; returns whether it was removed (see :func:`store_for_import`). Never raises."""
+    root = store.root
+    try:
+        with exclusive_lock(root / LOCK_FILE):  # no commit can start while we look and delete
+            if read_state(root).seq != 0:
+                return False
+            own = f"{store._claim_id}.claim" if store._claim_id is not None else None
+            if any(p.name != own for p in (root / PENDING_DIR).iterdir()):
+                return False  # another writer's claim or journal: the store is in use
+            for name in (MARKER, LOG_DIR, PENDING_DIR, DATA_DIR):
+                target = root / name
+                if target.is_dir():
+                    shutil.rmtree(target)
+                else:
+                    target.unlink(missing_ok=True)
+        (root / LOCK_FILE).unlink(missing_ok=True)
+        if not keep_directory:
+            root.rmdir()  # only if empty: whatever else is there stays
+    except OSError:
+        return False
+    return True

@@ -28,9 +28,17 @@ DEFINITION_KEYS = (
     "stop_rule", "seed", "source",
 )
 #: Trial ids come in blocks of this many: a sweep gives each of its study definitions a block of its
-#: own (ids ``block * TRIAL_ID_BLOCK + 1 + point``, one-based like the release), and ``Store.next_trial_id`` never gives out an id
-#: inside a block that holds a sweep's trials, so a sweep can always be extended by more trials.
+#: own (ids ``block * TRIAL_ID_BLOCK + 1 + point``, one-based like the release; :func:`id_block`), and
+#: ``Store.next_trial_id`` never gives out an id inside a block that holds a sweep's trials, so a sweep
+#: can always be extended by more trials.
 TRIAL_ID_BLOCK = 100_000
+
+
+def id_block(trial_id: int) -> int:
+    """The id block trial id ``trial_id`` falls in: block ``k`` holds ids ``k * TRIAL_ID_BLOCK + 1`` to
+    ``(k + 1) * TRIAL_ID_BLOCK`` (an id 0, written by a batchlab whose sweep ids started at 0, is in
+    block -1)."""
+    return (int(trial_id) - 1) // TRIAL_ID_BLOCK
 
 #: Prefix of the id of a study written by a batchlab older than study definitions (no definition
 #: stored): ``sha256("legacy:<workload>/<batch_size>")``, one such study per workload and batch size.

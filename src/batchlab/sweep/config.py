@@ -66,7 +66,7 @@ from typing import Any, Literal
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator,
                       model_validator)
 
-from batchlab.errors import BatchlabError, unknown_name_error
+from batchlab.errors import BatchlabError
 from batchlab.store.studies import TRIAL_ID_BLOCK
 
 #: Trials stop at their first evaluation that beats the goal unless told otherwise: the one default of
@@ -152,9 +152,12 @@ class SweepConfig(BaseModel):
     @field_validator("device")
     @classmethod
     def _device_name(cls, value: str) -> str:
-        if not re.fullmatch(r"auto|cpu|cuda|cuda:\d+|mps", value):
+        """The name's form only (as :func:`batchlab.train.device.check_device` reads it: stripped, lower
+        case); whether this machine has the device is :func:`check_names`' question."""
+        text = value.strip().lower()
+        if not re.fullmatch(r"auto|cpu|cuda|cuda:\d+|mps", text):
             raise ValueError(f"unknown device {value!r}; allowed: auto, cpu, cuda, cuda:N, mps")
-        return value
+        return text
 
     @field_validator("batch_sizes")
     @classmethod
@@ -329,7 +332,7 @@ def sweep_config_from_options(workload: Any = None, config: str | os.PathLike | 
 def check_names(config: SweepConfig, source: str = "sweep config") -> None:
     """Check workload and optimizer names against the registries, the device against this machine
     (:func:`batchlab.train.device.check_device`) and parse every search space."""
-    from batchlab.optim import optimizer_names
+    from batchlab.optim import get_optimizer
     from batchlab.workloads import get_workload
 
     from batchlab.train.device import check_device
@@ -344,10 +347,11 @@ def check_names(config: SweepConfig, source: str = "sweep config") -> None:
             get_workload(name)
         except BatchlabError as exc:
             raise BatchlabError(f"{source}: field 'workloads': {exc}") from None
-    known = optimizer_names()
     for name in config.optimizers:
-        if name not in known:
-            raise BatchlabError(f"{source}: field 'optimizers': {unknown_name_error('optimizer', name, known)}")
+        try:
+            get_optimizer(name)  # one entry (point) at a time: a broken unrelated plugin cannot block a sweep
+        except BatchlabError as exc:
+            raise BatchlabError(f"{source}: field 'optimizers': {exc}") from None
     if config.search_spaces:
         from batchlab.search import SearchSpace
 

@@ -22,6 +22,7 @@ worker its own GPU, such as dask-cuda's ``LocalCUDACluster``, pins them through
 from __future__ import annotations
 
 import abc
+import contextlib
 import concurrent.futures as cf
 import multiprocessing
 import os
@@ -110,7 +111,8 @@ def _die_with_parent(parent_pid: int) -> None:
 
 def pinned_device(index: int, gpus: int) -> str:
     """The device of the ``index``-th started pool worker (0-based) on a machine with ``gpus`` GPUs:
-    ``cuda:{index % gpus}`` (a worker started to replace a dead one takes the next GPU in turn)."""
+    ``cuda:{index % gpus}``. A pool has at most ``gpus`` workers, so each gets its own GPU; a pool
+    broken by a dead worker is replaced by a fresh one that counts from 0 again."""
     if gpus < 1:
         raise ValueError(f"pinning needs at least one GPU, got {gpus}")
     return f"cuda:{int(index) % int(gpus)}"
@@ -141,6 +143,22 @@ def _pin_worker(counter: Any, gpus: int) -> str:
     device = pinned_device(index, gpus)
     os.environ[DEVICE_ENV] = device
     return device
+
+
+@contextlib.contextmanager
+def _workers_ignore_sigint() -> Iterator[None]:
+    """Within the block, processes started from this thread ignore SIGINT (the disposition survives
+    ``exec``, and Python keeps an ignored SIGINT ignored), so Ctrl-C reaches only the driver, which
+    then stops its workers, instead of printing a KeyboardInterrupt traceback from every worker that
+    is still importing. The driver's own handler is restored on exit. Does nothing off the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _local_worker_init(parent_pid: int, counter: Any = None, gpus: int = 0) -> None:
@@ -183,10 +201,12 @@ class LocalPoolExecutor(Executor):
 
     def submit(self, task: Any) -> None:
         try:
-            future = self._ensure_pool().submit(self.fn, task)
+            with _workers_ignore_sigint():  # the pool starts its worker processes on submit
+                future = self._ensure_pool().submit(self.fn, task)
         except cf.process.BrokenProcessPool:
             self._restart()
-            future = self._ensure_pool().submit(self.fn, task)
+            with _workers_ignore_sigint():
+                future = self._ensure_pool().submit(self.fn, task)
         self._futures[future] = (task, self._pool)
 
     def _restart(self) -> None:
@@ -250,7 +270,10 @@ class InlineExecutor(Executor):
 
     kind = "inline"
 
-    def __init__(self, fn: Callable[[Any], Any], workers: int = 1) -> None:
+    def __init__(self, fn: Callable[[Any], Any], workers: int = 1, **ignored: Any) -> None:
+        """``ignored``: the other keywords of :func:`make_executor` (``dask``, ``scheduler``, ``device``),
+        so ``run_sweep(..., executor_factory=InlineExecutor)`` works; the trials run in this process
+        on the device their specs name."""
         self.fn = fn
         self.workers = 1
         self._queue: list[Any] = []
@@ -288,10 +311,11 @@ class DaskExecutor(Executor):
         for name, value in WORKER_ENV.items():  # inherited by LocalCluster worker processes
             os.environ.setdefault(name, value)
         if scheduler is None:
-            self._cluster = LocalCluster(
-                n_workers=int(workers or 1), threads_per_worker=1, processes=True, host="127.0.0.1",
-                dashboard_address=None, silence_logs=40,
-            )
+            with _workers_ignore_sigint():
+                self._cluster = LocalCluster(
+                    n_workers=int(workers or 1), threads_per_worker=1, processes=True, host="127.0.0.1",
+                    dashboard_address=None, silence_logs=40,
+                )
             self._client = Client(self._cluster)
         else:
             try:

@@ -27,6 +27,7 @@ from typing import Any
 
 from batchlab.errors import BatchlabError
 from batchlab.store.schema import store_workload_name
+from batchlab.store.studies import id_block  # the store's one definition of the id blocks
 from batchlab.sweep.config import MAX_TRIALS_PER_STUDY
 
 #: The id of a study's first trial (point 0) in block 0: the batch_science release's base.
@@ -58,12 +59,6 @@ def trial_id(point_index: int, block: int = 0) -> int:
     if block < 0:
         raise ValueError(f"id block must be >= 0, got {block}")
     return int(block) * MAX_TRIALS_PER_STUDY + FIRST_TRIAL_ID + int(point_index)
-
-
-def id_block(trial_id_: int) -> int:
-    """The id block that trial id ``trial_id_`` falls in (ids ``k * MAX_TRIALS_PER_STUDY + 1`` to
-    ``(k + 1) * MAX_TRIALS_PER_STUDY`` are block ``k``)."""
-    return (int(trial_id_) - FIRST_TRIAL_ID) // MAX_TRIALS_PER_STUDY
 
 
 def allocate_ids(

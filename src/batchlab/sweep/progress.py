@@ -22,9 +22,7 @@ workload and batch size, with ``steps_lower``, ``censored_at``, ``budget``, ``bu
 
 from __future__ import annotations
 
-import json
 import math
-import sys
 import time
 from typing import Any, TextIO
 
@@ -34,7 +32,9 @@ from batchlab.sweep.worker import TrialOutcome
 
 def _created_note(info: dict) -> None:
     if info.get("created_store"):
-        print(f"created a new store at {info.get('store')}", file=sys.stderr, flush=True)
+        from batchlab.cli.output import note
+
+        note(f"created a new store at {info.get('store')}")
 
 
 class JsonReporter(Reporter):
@@ -44,11 +44,9 @@ class JsonReporter(Reporter):
         self.stream = stream
 
     def _line(self, obj: dict[str, Any]) -> None:
-        from batchlab.cli.output import json_ready
+        from batchlab.cli.output import emit_json
 
-        stream = self.stream or sys.stdout
-        stream.write(json.dumps(json_ready(obj), allow_nan=False) + "\n")
-        stream.flush()
+        emit_json(obj, self.stream)
 
     def start(self, plan: SweepPlan, progress: list[StudyProgress], info: dict) -> None:
         _created_note(info)
@@ -138,7 +136,9 @@ class RichReporter(Reporter):
         if self._progress is not None:
             self._progress.console.print(text, markup=False, highlight=False)
         else:
-            print(text, file=sys.stderr, flush=True)
+            from batchlab.cli.output import note
+
+            note(text)
 
     def _progress_line(self) -> None:
         c = self.counts()
@@ -323,12 +323,13 @@ class RichReporter(Reporter):
         print_table("fitted S(B) = S_min + E_min / B (censored batch sizes as lower bounds)",
                     ["workload", *((c, "right") for c in ("S_min fit", "S_min measured", "E_min", "rms log resid",
                                                          "batch sizes", "points", "censored", "B0"))], fit_rows)
-        print_table("critical batch sizes (data: read from the measured points; fit: from the fit)",
-                    ["workload", ("name", "left"), ("value", "right"), ("interval", "right"), ("source", "left"),
-                     ("note", "left")], named_rows,
-                    caption="interval: nominal level in parentheses, - : no bound on that side, none: no "
-                            "interval (data-read values are measured batch sizes; see the note for fitted "
-                            "ones); targets and methods below")
+        if named_rows:  # none when no workload could be fitted (the notes say why)
+            print_table("critical batch sizes (data: read from the measured points; fit: from the fit)",
+                        ["workload", ("name", "left"), ("value", "right"), ("interval", "right"),
+                         ("source", "left"), ("note", "left")], named_rows,
+                        caption="interval: nominal level in parentheses, - : no bound on that side, none: no "
+                                "interval (data-read values are measured batch sizes; see the note for fitted "
+                                "ones); targets and methods below")
         for name, text in definitions.items():
             line(f"  {name}: {text}")
         for text in methods:

@@ -35,7 +35,6 @@ every worker gets a task.
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from collections.abc import Callable
@@ -110,7 +109,8 @@ class Reporter:
     ``start`` comes once, after the trials finished before this run are counted in every study's
     :class:`StudyProgress`; ``trial`` after each trial this run publishes (its study's counts
     already updated); ``budget_grown`` when a study gets a grown round (its trials finished before
-    this run are counted right after); ``finish`` with the summary."""
+    this run are counted right after); ``finish`` with the summary. ``close`` stops any live display
+    (the command line calls it when the sweep is interrupted)."""
 
     def start(self, plan: SweepPlan, progress: list[StudyProgress], info: dict) -> None: ...
     def trial(self, progress: StudyProgress, outcome: TrialOutcome, totals: dict) -> None: ...
@@ -118,6 +118,7 @@ class Reporter:
     def worker_lost(self, keys: list[str]) -> None: ...
     def budget_grown(self, old: StudyPlan, new: StudyPlan) -> None: ...
     def finish(self, summary: "SweepSummary") -> None: ...
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -158,10 +159,12 @@ def prepare_sweep(config: SweepConfig, store_path: str | None = None) -> SweepPl
     path = store_path or config.store
     if not path:
         raise BatchlabError("no store given; pass --store DIR or set store = \"DIR\" in the sweep config")
-    parent = Path(path).expanduser().parent
+    parent = Path(path).absolute().parent  # as Store.open_or_create reads it (no ~ expansion)
     if not parent.is_dir():
         raise BatchlabError(f"store {str(path)!r}: the directory {str(parent)!r} does not exist (create it first)")
-    device_type = _device_type(config.device)
+    from batchlab.train.device import device_type as resolved_type
+
+    device_type = resolved_type(config.device)  # the type (cpu, cuda, mps) it resolves to here
     studies = plan_studies(config, device_type=device_type)
     num_parameters = {}
     for name in dict.fromkeys(s.workload for s in studies):
@@ -199,13 +202,6 @@ def prepare_sweep(config: SweepConfig, store_path: str | None = None) -> SweepPl
     studies = [replace(s, first_trial_id=first_ids[(s.store_workload, s.batch_size, 0)]) for s in studies]
     return SweepPlan(config=config, store_path=str(path), studies=studies, num_parameters=num_parameters,
                      first_ids=first_ids, sweep_id=studies[0].sweep if studies else "", device_type=device_type)
-
-
-def _device_type(device: str) -> str:
-    """The type (``cpu``, ``cuda``, ``mps``) that ``device`` resolves to in this process."""
-    from batchlab.train.device import device_type
-
-    return device_type(device)
 
 
 def check_workers_can_import(config: SweepConfig) -> None:
@@ -262,9 +258,9 @@ def _allocate_ids(path: str, studies: list[StudyPlan]) -> dict[tuple[str, int, i
 
 def should_vectorize(config: SweepConfig, study: StudyPlan, num_parameters: int) -> bool:
     """Whether ``study`` runs its trials vectorized (the rule in the module docstring)."""
-    from batchlab.optim import vectorized_optimizer_names
+    from batchlab.optim import get_optimizer
 
-    if config.vectorize == "never" or study.trials < 2 or study.optimizer not in vectorized_optimizer_names():
+    if config.vectorize == "never" or study.trials < 2 or get_optimizer(study.optimizer).vectorized is None:
         return False
     points = study.points
     if any(p.get("ema_decay") is not None for p in points):
@@ -280,6 +276,10 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
               executor_factory: Callable[..., Any] | None = None) -> SweepSummary:
     """Run the planned sweep to the end (see the module docstring) and return its summary.
 
+    ``executor_factory`` (default :func:`batchlab.sweep.executors.make_executor`) is called as
+    ``executor_factory(run_task, workers=, dask=, scheduler=, device=)`` and returns an
+    :class:`~batchlab.sweep.executors.Executor`.
+
     Raises:
         SweepInterrupted: on Ctrl-C (KeyboardInterrupt), after aborting the executor; the trials
             published so far stay in the store.
@@ -294,14 +294,15 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
     if executor_factory is None:
         check_workers_can_import(config)
     factory = executor_factory or make_executor
-    kwargs = {"workers": workers, "dask": config.uses_dask, "scheduler": config.scheduler}
-    if _accepts(factory, "device"):
-        kwargs["device"] = config.device
     # The executor first: an unreachable scheduler fails before the store is created.
-    executor = factory(run_task, **kwargs)
+    executor = factory(run_task, workers=workers, dask=config.uses_dask, scheduler=config.scheduler,
+                       device=config.device)
     try:
-        store, created = _open_store(plan.store_path)
+        from batchlab.store import Store
+
+        store, created = Store.open_or_create(plan.store_path)
         finished = store.finished_trial_keys()
+        diverged_before = set() if created else _diverged_keys(store)
     except BaseException:
         executor.abort()
         raise
@@ -315,11 +316,13 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
         return (study.store_workload, study.batch_size)
 
     def count_finished(study: StudyPlan) -> None:
-        """Count the trials of ``study`` finished before this run (once per round)."""
+        """Count the trials of ``study`` finished (and diverged) before this run (once per round)."""
         entry = progress[study_id(study)]
-        done_before = sum(1 for t in study.trial_plans() if t.key in finished)
+        keys = [t.key for t in study.trial_plans()]
+        done_before = sum(1 for key in keys if key in finished)
         entry.skipped += done_before
         entry.done += done_before
+        entry.diverged += sum(1 for key in keys if key in diverged_before)
         counters["skipped"] += done_before
 
     def submit_round(study: StudyPlan) -> None:
@@ -420,20 +423,15 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
     return summary
 
 
-def _accepts(factory: Callable[..., Any], name: str) -> bool:
-    """Whether ``factory`` takes the keyword ``name`` (executor factories written before ``device``)."""
+def _diverged_keys(store) -> set[str]:
+    """Keys of the store's published trials that diverged (status INFEASIBLE)."""
+    from batchlab.train.core import INFEASIBLE
+
+    con = store.connect()
     try:
-        parameters = inspect.signature(factory).parameters
-    except (TypeError, ValueError):  # pragma: no cover - builtins
-        return False
-    return name in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
-
-
-def _open_store(path: str):
-    """The sweep's store and whether it was created now (:meth:`batchlab.store.Store.open_or_create`)."""
-    from batchlab.store import Store
-
-    return Store.open_or_create(path)
+        return {key for (key,) in con.execute("SELECT trial_key FROM trials WHERE status = ?", [INFEASIBLE]).fetchall()}
+    finally:
+        con.close()
 
 
 def _publish(store, task: TrialTask, outcomes: list[TrialOutcome]) -> None:

@@ -25,10 +25,13 @@ differently), which the tests bound.
 Supported: optimizers whose registry entry has a ``vectorized`` update
 (:func:`batchlab.optim.vectorized_optimizer_names`: sgd, momentum, nesterov, adam); any
 learning-rate schedule (linear decay, warmup), ``weight_decay``; ``label_smoothing`` when all K
-trials share it; models without buffers that change in training (no batch norm) and without
-randomness in the forward pass (no dropout). Not supported (run sequentially): ``ema_decay``, other
-optimizers. On a GPU the stacked state, the batches and the evaluations are on the trials' device
-(all K share one).
+trials share it; models without buffers that change in training (no batch norm running statistics),
+whose buffers are the same in every trial, and without randomness in the forward pass (no dropout).
+Not supported: ``ema_decay``, other optimizers, and other models. :func:`run_trials_vectorized`
+checks all of it, the model by one trial step of all K trials on copies before training, and raises
+:class:`NotVectorizable`; a sweep's worker then runs those trials one at a time
+(:func:`batchlab.sweep.worker.run_task`). On a GPU the stacked state, the batches and the
+evaluations are on the trials' device (all K share one).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from typing import Any
 
 import torch
 
+from batchlab.errors import BatchlabError
 from batchlab.optim.schedules import learning_rate_multiplier
 from batchlab.train import TrialResult, TrialSpec, prepare_trial
 from batchlab.train.core import batch_source, evaluate_trials, replay_bracket, train_loop
@@ -47,6 +51,11 @@ from batchlab.train.divergence import DivergenceMonitor
 from batchlab.train.evaluation import measure
 from batchlab.train.sampling import BatchSampler
 from batchlab.train.trial import new_progress, trial_result
+
+
+class NotVectorizable(BatchlabError):
+    """The trials cannot run as one vectorized computation (the message says why); they can run one
+    at a time (:func:`batchlab.train.run_trial`)."""
 
 
 def vectorization_obstacle(specs: list[TrialSpec]) -> str | None:
@@ -88,6 +97,28 @@ def _schedule(hyper: dict[str, Any], total: int) -> tuple[float, int | None, flo
     return hyper["learning_rate"], decay, hyper["end_learning_rate_factor"] or 0.0, hyper["warmup_steps"]
 
 
+def _check_model(grad_and_loss: Any, params: dict, buffers: dict, first_batch: tuple, device: torch.device) -> None:
+    """Raise :class:`NotVectorizable` unless the stacked model trains correctly as one computation:
+    its buffers are the same in every trial (evaluation uses one copy), and one step of every trial
+    on ``first_batch``, run on copies of the buffers in a forked RNG state, neither fails under
+    ``torch.func.vmap`` (randomness such as dropout does) nor changes a buffer (batch norm running
+    statistics would never reach the evaluated model)."""
+    for name, stacked in buffers.items():
+        if not all(torch.equal(stacked[0], row) for row in stacked[1:]):
+            raise NotVectorizable(f"cannot vectorize these trials: their models differ in the buffer {name!r}")
+    copies = {k: v.clone() for k, v in buffers.items()}
+    try:
+        with fork_rng(device):
+            grad_and_loss(params, copies, *first_batch)
+    except RuntimeError as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise NotVectorizable(f"cannot vectorize these trials: their model does not run under torch.func.vmap ({reason})") from exc
+    changed = [name for name in buffers if not torch.equal(copies[name], buffers[name])]
+    if changed:
+        raise NotVectorizable(f"cannot vectorize these trials: training changes their model's buffers "
+                              f"({', '.join(changed)}; batch norm running statistics?)")
+
+
 def run_trials_vectorized(specs: list[TrialSpec]) -> list[TrialResult]:
     """Run ``specs`` as one vectorized computation; one :class:`TrialResult` per spec, in order.
 
@@ -95,15 +126,16 @@ def run_trials_vectorized(specs: list[TrialSpec]) -> list[TrialResult]:
     whole batched run's time divided by K (the cost per trial).
 
     Raises:
-        BatchlabError: a spec is invalid (as :func:`batchlab.train.run_trial` would raise), or the
-            specs cannot be vectorized (:func:`vectorization_obstacle`).
+        NotVectorizable: the specs cannot be vectorized (:func:`vectorization_obstacle`), or their
+            model cannot (randomness in the forward pass, buffers that training changes or that
+            differ between the trials: the module docstring); nothing has been trained.
+        BatchlabError: a spec is invalid (as :func:`batchlab.train.run_trial` would raise).
     """
-    from batchlab.errors import BatchlabError
     from batchlab.optim import get_optimizer
 
     obstacle = vectorization_obstacle(specs)
     if obstacle is not None:
-        raise BatchlabError(f"cannot vectorize these trials: {obstacle}")
+        raise NotVectorizable(f"cannot vectorize these trials: {obstacle}")
     prepared = [prepare_trial(spec) for spec in specs]  # validation, data, initial models: as run_trial
     first = prepared[0]
     workload, total, device = first.workload, first.steps, first.device
@@ -119,7 +151,10 @@ def run_trials_vectorized(specs: list[TrialSpec]) -> list[TrialResult]:
     monitors = [DivergenceMonitor() for _ in prepared]
 
     models = [p.model for p in prepared]
-    params, buffers = torch.func.stack_module_state(models)
+    try:
+        params, buffers = torch.func.stack_module_state(models)
+    except RuntimeError as exc:  # e.g. a model class defined inside make_model: one class per trial
+        raise NotVectorizable(f"cannot vectorize these trials: {' '.join(str(exc).split())}") from exc
     params = {k: v.detach() for k, v in params.items()}
     base = copy.deepcopy(models[0]).to("meta")
     eval_model = copy.deepcopy(models[0])
@@ -129,6 +164,14 @@ def run_trials_vectorized(specs: list[TrialSpec]) -> list[TrialResult]:
         return workload.loss(outputs, y, label_smoothing=label_smoothing)
 
     grad_and_loss = torch.func.vmap(torch.func.grad_and_value(batch_loss))
+
+    def stacked_batch(trials: list[int], step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batches of update ``step`` of ``trials``, stacked: ``(K, batch_size, ...)``."""
+        flat = torch.stack([samplers[i].indices(step) for i in trials]).reshape(-1)
+        x, y = batch(flat)
+        return x.reshape(len(trials), batch_size, *x.shape[1:]), y.reshape(len(trials), batch_size, *y.shape[1:])
+
+    _check_model(grad_and_loss, params, buffers, stacked_batch(list(range(len(specs))), 0), device)
     opt_state: dict[str, dict[str, torch.Tensor]] = {
         name: {k: torch.zeros_like(v) for k, v in params.items()} for name in update_rule.state_names
     }
@@ -138,10 +181,7 @@ def run_trials_vectorized(specs: list[TrialSpec]) -> list[TrialResult]:
 
     def advance(params, buffers, opt_state, trials: list[int], step: int) -> list[float]:
         """One update (``step`` is 0-based) of the stacked ``trials`` in place; their batch losses."""
-        flat = torch.stack([samplers[i].indices(step) for i in trials]).reshape(-1)
-        x, y = batch(flat)
-        x = x.reshape(len(trials), batch_size, *x.shape[1:])
-        y = y.reshape(len(trials), batch_size, *y.shape[1:])
+        x, y = stacked_batch(trials, step)
         grads, losses = grad_and_loss(params, buffers, x, y)
         lr = torch.tensor(
             [schedules[i][0] * learning_rate_multiplier(step, *schedules[i][1:]) for i in trials],

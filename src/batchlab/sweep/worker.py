@@ -38,7 +38,9 @@ class TrialOutcome:
 
     @property
     def diverged(self) -> bool:
-        return self.status == "INFEASIBLE"
+        from batchlab.train.core import INFEASIBLE
+
+        return self.status == INFEASIBLE
 
 
 def trial_spec(task: TrialTask, index: int):
@@ -58,16 +60,26 @@ def trial_spec(task: TrialTask, index: int):
 
 
 def run_task(task: TrialTask) -> list[TrialOutcome]:
-    """Run every trial of ``task`` (vectorized when ``task.vectorized``); one outcome per trial, in order."""
+    """Run every trial of ``task``; one outcome per trial, in order.
+
+    Vectorized when ``task.vectorized``, unless the trials turn out not to be vectorizable
+    (:class:`batchlab.sweep.vectorized.NotVectorizable`: their model has dropout or batch norm, say);
+    then they run one at a time, with the results :func:`batchlab.train.run_trial` gives, and their
+    outcomes say ``vectorized=False``."""
     set_worker_threads()
     from batchlab.train import run_trial
 
     specs = [trial_spec(task, i) for i in range(len(task.trials))]
-    if task.vectorized:
-        from batchlab.sweep.vectorized import run_trials_vectorized
+    vectorized = task.vectorized
+    results = None
+    if vectorized:
+        from batchlab.sweep.vectorized import NotVectorizable, run_trials_vectorized
 
-        results = run_trials_vectorized(specs)
-    else:
+        try:
+            results = run_trials_vectorized(specs)
+        except NotVectorizable:  # e.g. a user's model with dropout or batch norm: the same trials one at a time
+            vectorized = False
+    if results is None:
         results = [run_trial(spec) for spec in specs]
     return [
         TrialOutcome(
@@ -76,7 +88,7 @@ def run_task(task: TrialTask) -> list[TrialOutcome]:
             steps_lower=result.steps_lower,
             measurements=[{k: float(v) if k != "step" else int(v) for k, v in row.items()}
                           for row in result.measurements],
-            wall_time_s=float(result.wall_time_s), vectorized=task.vectorized, device=result.device,
+            wall_time_s=float(result.wall_time_s), vectorized=vectorized, device=result.device,
         )
         for trial, result in zip(task.trials, results)
     ]

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchlab.errors import BatchlabError
+from batchlab.train.core import COMPLETE, STOPPED_AT_GOAL
 from batchlab.train.trial import (
     TrialResult,
     TrialSpec,
@@ -67,14 +68,14 @@ class StudyResult:
 def best_trial(trials: list[TrialResult]) -> TrialResult | None:
     """The COMPLETE or STOPPED_AT_GOAL trial with the fewest steps to the goal, ties to the lower trial
     id; else None."""
-    reached = [t for t in trials if t.status in ("COMPLETE", "STOPPED_AT_GOAL") and t.steps_to_goal is not None]
+    reached = [t for t in trials if t.status in (COMPLETE, STOPPED_AT_GOAL) and t.steps_to_goal is not None]
     return min(reached, key=lambda t: (t.steps_to_goal, t.trial_id if t.trial_id is not None else 0), default=None)
 
 
 def best_final_trial(trials: list[TrialResult]) -> TrialResult | None:
     """The COMPLETE trial whose goal metric at its last evaluation is best (lowest, or highest when
     the workload maximizes it); ties to the lower trial id; None if no COMPLETE trial measured it."""
-    scored = [(t.final_metric(), t) for t in trials if t.status == "COMPLETE" and t.final_metric() is not None]
+    scored = [(t.final_metric(), t) for t in trials if t.status == COMPLETE and t.final_metric() is not None]
     if not scored:
         return None
 

@@ -145,7 +145,9 @@ class TrialSpec:
 
     ``train/*`` metrics are measured by ``workload.evaluate`` on a fixed subset of the training set
     (the workload's cap, ``train_eval_examples`` or the budget's), ``val/*`` metrics on the
-    validation set (whole unless the budget shrank it to a fixed subset).
+    validation set (whole unless the budget shrank it to a fixed subset), and ``test/*`` metrics only
+    when the workload's goal metric is on the test split (then at every evaluation, on the workload's
+    cap of the test set).
     """
 
     workload: str | Workload
@@ -279,24 +281,31 @@ def _checked_hyperparameters(hyperparameters: dict[str, Any]) -> dict[str, Any]:
 
 
 _DATA_CACHE: collections.OrderedDict = collections.OrderedDict()
-_DATA_CACHE_SIZE = 2
+_DATA_CACHE_SIZE = 2  # a study's trials share one entry; two keep a sweep alternating two studies warm
 
 
-def _load_data(workload: Any, key: Any, train_examples: int | None, data_seed: int):
-    """``workload.load_data(...)``, kept for the next trials of the same study (data are never modified).
+def _load_data(workload: Any, train_examples: int | None, data_seed: int, device: torch.device) -> Any:
+    """``workload.load_data(...)`` with its train and val splits on ``device`` (in-memory tensors
+    moved once: :func:`batchlab.train.core.device_split`), kept for the next trials of the same study
+    (data are never modified). The two most recent are kept.
 
-    Keyed by ``key``: the string the trial's workload is known by (its normalised reference, or the
-    registered name the trial gave), which resolves to the same workload every time, or the workload
-    object itself (by identity) when the trial was given an object without a reference. The two most
-    recent are kept.
+    Keyed by the identity of the workload's data loader (``data`` or ``load_arrays``; held by the
+    entry, so its id stays its own), ``train_examples``, ``data_seed`` and the device: two workloads
+    with the same name but different data (a re-registered name, a modified copy) never share an
+    entry, and the K trials of a vectorized run share one copy of the data on the device.
     """
-    cache_key = (key if isinstance(key, str) else ("object", id(key)), train_examples, data_seed)
+    from batchlab.workloads.data import WorkloadData
+
+    loader = workload._loader()
+    cache_key = (id(loader), train_examples, data_seed, str(device))
     hit = _DATA_CACHE.get(cache_key)
-    if hit is not None and (isinstance(key, str) or hit[0] is key):
+    if hit is not None and hit[0] is loader:
         _DATA_CACHE.move_to_end(cache_key)
         return hit[1]
     data = workload.load_data(train_examples=train_examples, seed=data_seed)
-    _DATA_CACHE[cache_key] = (key, data)  # the object is held, so its id stays its own
+    if device.type != "cpu":
+        data = WorkloadData(device_split(data.train, device), device_split(data.val, device), data.test, data.num_classes)
+    _DATA_CACHE[cache_key] = (loader, data)
     while len(_DATA_CACHE) > _DATA_CACHE_SIZE:
         _DATA_CACHE.popitem(last=False)
     return data
@@ -310,17 +319,16 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
             reference, an unknown or unavailable device, batch size outside
             ``1..num_train``, learning rate <= 0, bad steps/seed/examples, an evaluation budget that
             is not a number > 0 or comes with explicit evaluation steps, a missing data package
-            (the data module's message), or hyperparameters the optimizer rejects.
+            (the data module's message), a goal metric on a test split the data lack or that the
+            workload's task does not return, or hyperparameters the optimizer rejects.
     """
-    from batchlab.optim import build_training_algorithm, optimizer_names
+    from batchlab.optim import build_training_algorithm, get_optimizer
     from batchlab.store.schema import store_workload_name
     from batchlab.workloads import resolve_workload
 
     workload = resolve_workload(spec.workload)
     device = resolve_device(spec.device)
-    known = optimizer_names()
-    if spec.optimizer not in known:
-        raise unknown_name_error("optimizer", spec.optimizer, known)
+    get_optimizer(spec.optimizer)  # unknown name: one line naming the closest known (loads only this entry point)
     batch_size = _as_int("batch size", spec.batch_size, 1)
     steps = _as_int("steps", workload.default_steps if spec.steps is None else spec.steps, 1)
     seed = _as_int("seed", spec.seed, 0)
@@ -351,11 +359,16 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
     if spec.eval_budget is not None and spec.evaluation_steps is not None:
         raise BatchlabError("give either an evaluation budget or explicit evaluation steps (--eval-every), not both")
 
-    data = _load_data(workload, workload.reference or spec.workload, train_examples, data_seed)
+    data = _load_data(workload, train_examples, data_seed, device)
     num_train = int(data.num_train)
     updates_per_epoch(num_train, batch_size)  # batch size within 1..num_train
-    train = device_split(data.train, device)
-    splits = {"train": train, "val": device_split(data.val, device)}
+    train = data.train
+    splits = {"train": train, "val": data.val}
+    if workload.goal_split not in splits:  # a goal on the test split: measured at the full and goal steps too
+        if data.test is None:
+            raise BatchlabError(f"workload {workload.name}: its goal metric {workload.metric} is on the test split, "
+                                "but its data have no test split")
+        splits[workload.goal_split] = device_split(data.test, device)
     caps = workload.eval_examples or {}
     examples = {}
     for split, part in splits.items():
@@ -388,13 +401,20 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
     model = workload.build_model(seed=seed)
     if device.type != "cpu":
         model = model.to(device)
-    # One example through the model and loss checks label_smoothing against the number of classes
-    # now, before anything is written (eval mode and a forked RNG: no state of the trial changes).
+    # One example through the model, the loss and the metrics checks label_smoothing against the task
+    # and the number of classes, and that the task measures the goal metric, now, before anything is
+    # written (eval mode and a forked RNG: no state of the trial changes).
     with torch.no_grad(), fork_rng(device):
         model.eval()
         x, y = batch_source(train, device)(torch.arange(1))
-        loss_fn(model(x), y)
+        outputs = model(x)
+        loss_fn(outputs, y)
+        measured = workload.task.batch_sums(outputs, y)
         model.train()
+    goal_metric = workload.metric.split("/", 1)[1]
+    if goal_metric not in measured:
+        raise BatchlabError(f"workload {workload.name}: its goal metric {workload.metric} is not among the metrics its task "
+                            f"{workload.task.name!r} returns ({', '.join(measured)})")
     algorithm = build_training_algorithm(
         spec.optimizer, model, loss_fn, hyperparameters=parameters, total_steps=steps
     )

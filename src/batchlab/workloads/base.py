@@ -116,7 +116,9 @@ class Workload:
 
     ``reference`` is set by :func:`batchlab.workloads.resolve_workload` when the workload came from a
     reference (``package.module:function`` or ``/abs/path/file.py:function``); such a workload pickles
-    as its reference, so worker processes re-import it.
+    as its reference, so worker processes re-import it. A modified copy
+    (``dataclasses.replace``) keeps the field but is not what the reference gives: it pickles by value
+    and :func:`batchlab.workloads.workload_key` names it by its name.
     """
 
     name: str
@@ -171,6 +173,12 @@ class Workload:
         _check_int(name, "default_steps", self.default_steps, 1)
         _check_int(name, "default_batch_size", self.default_batch_size, 1)
         _check_int(name, "eval_batch_size", self.eval_batch_size, 1)
+        if not isinstance(self.eval_examples, Mapping) or not set(self.eval_examples) <= set(SPLITS):
+            raise BatchlabError(f"workload {name}: eval_examples must map splits ({', '.join(SPLITS)}) to a number of "
+                                f"examples or None (all), got {self.eval_examples!r}")
+        for split, cap in self.eval_examples.items():
+            if cap is not None:
+                _check_int(name, f"eval_examples[{split!r}]", cap, 1)
         if not isinstance(self.schedule, EvaluationSchedule):
             raise BatchlabError(f"workload {name}: schedule must be a batchlab.workloads.schedule.EvaluationSchedule, got {type(self.schedule).__name__}")
         if self.input_shape is not None:

@@ -136,8 +136,15 @@ class DatasetSplit(DataSplit):
     def batch(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         batch = self.collate_fn([self.dataset[i] for i in _as_indices(indices).tolist()])
         if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-            raise BatchlabError(f"dataset items must be (input, target) pairs; collating {type(self.dataset).__name__} items gave {type(batch).__name__}")
-        return batch[0], batch[1]
+            got = f"{type(batch).__name__} of {len(batch)}" if isinstance(batch, (tuple, list, Mapping)) else type(batch).__name__
+            raise BatchlabError(f"dataset items must be (input, target) pairs; collating {type(self.dataset).__name__} items gave "
+                                f"{got} (give DatasetSplit(dataset, collate_fn=...) returning (inputs, targets) tensors)")
+        inputs, targets = batch
+        if not isinstance(inputs, torch.Tensor) or not isinstance(targets, torch.Tensor):
+            raise BatchlabError(f"collating {type(self.dataset).__name__} items gave (inputs, targets) of types "
+                                f"({type(inputs).__name__}, {type(targets).__name__}), not tensors (give "
+                                "DatasetSplit(dataset, collate_fn=...) returning (inputs, targets) tensors)")
+        return inputs, targets
 
     def subset(self, indices: torch.Tensor) -> "DatasetSplit":
         return DatasetSplit(torch.utils.data.Subset(self.dataset, _as_indices(indices).tolist()), self.collate_fn)
@@ -200,9 +207,9 @@ class WorkloadData:
 
     def split(self, name: str) -> DataSplit:
         """The split called ``name`` (train/val/test)."""
-        if name not in SPLITS:
-            raise BatchlabError(f"unknown split {name!r}; allowed: {', '.join(SPLITS)}")
-        value = getattr(self, name)
+        from batchlab.workloads.metrics import check_split
+
+        value = getattr(self, check_split(name))
         if value is None:
             raise BatchlabError(f"this workload has no {name} split")
         return value

@@ -19,8 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from batchlab.errors import BatchlabError
-
-SPLITS = ("train", "val", "test")
+from batchlab.workloads.data import SPLITS
 
 
 def torch_label_smoothing(label_smoothing: float, num_classes: int) -> float:

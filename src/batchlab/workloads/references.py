@@ -176,12 +176,6 @@ def _resolve_entry_point(name: str, entry_point: Any) -> Workload:
     return workload
 
 
-def _known_names() -> list[str]:
-    from batchlab.workloads import registry
-
-    return sorted(set(registry.WORKLOADS) | set(entry_point_names()))
-
-
 def resolve_workload(workload: Any) -> Workload:
     """The :class:`Workload` for an object, a registered or entry-point name, or a reference (module docstring).
 
@@ -222,16 +216,23 @@ def register_workload(workload: Any) -> Workload:
 
 
 def workload_key(workload: Any) -> str:
-    """The string that resolves to ``workload`` in another process: its normalised reference if it has
-    one, else its name (a built-in, entry-point or registered name: :func:`worker_resolvable` says
-    whether a fresh process can resolve it)."""
+    """The string that resolves to ``workload`` in another process: its normalised reference when the
+    workload is the one that reference resolves to, else its name (a built-in, entry-point or
+    registered name: :func:`worker_resolvable` says whether a fresh process can resolve it).
+
+    A modified copy of a referenced workload (``dataclasses.replace(w, goal=...)``) keeps the
+    ``reference`` field but is not what the reference gives, so its key is its name: sending the
+    reference would make workers run the unmodified workload.
+    """
     if isinstance(workload, str):
         if is_reference(workload):
             return normalize_reference(workload)
         workload = resolve_workload(workload)
     if not isinstance(workload, Workload):
         raise BatchlabError(f"a workload must be a Workload, a name or a reference, got {type(workload).__name__}")
-    return workload.reference if workload.reference is not None else workload.name
+    if workload.reference is not None and cached(workload.reference) is workload:
+        return workload.reference
+    return workload.name
 
 
 def worker_resolvable(key: str) -> bool:
