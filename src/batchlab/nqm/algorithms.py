@@ -8,7 +8,8 @@ gradient ``H^-p g`` (the preconditioning power ``p`` is a separate parameter of 
 * :data:`BASE_UPDATES` (``sgd``, ``momentum``, ``nesterov``): each :class:`BaseUpdate` holds the linear
   map ``w' = A w + b eps`` that :mod:`batchlab.nqm.dynamics` turns into exact moment recurrences, and the
   same update written out on samples for :mod:`batchlab.nqm.montecarlo`.
-* :data:`REGISTRY` (``sgd``, ``momentum``, ``nesterov``, ``ema``, ``momentum+ema``, ``nesterov+ema``):
+* ``_REGISTRY``, read through :func:`nqm_algorithm_names` and :func:`get_nqm_algorithm` (``sgd``,
+  ``momentum``, ``nesterov``, ``ema``, ``momentum+ema``, ``nesterov+ema``):
   each :class:`NQMAlgorithm` names its base update, whether it keeps an EMA, its official tuning grid
   (:mod:`batchlab.nqm.tuning`), its default step budget and what it supports (the optimised PWC
   schedule, the notebook's steady-state fudge).
