@@ -16,8 +16,6 @@ from typing import Annotated, Optional
 
 import typer
 
-from batchlab.analysis.definitions import named_definitions  # the one registry of named critical batch sizes
-from batchlab.analysis.regimes import check_tolerance
 from batchlab.cli.options import Tolerance, json_option
 from batchlab.cli.output import check_output_path, emit_json, line, note, print_table
 from batchlab.errors import BatchlabError
@@ -52,6 +50,22 @@ FIGURES_JSON = json_option("one JSON object per curve (the S(B) summary), then o
 ALGORITHMS_JSON = json_option("one JSON object per NQM algorithm (its registry entry)")
 
 DEFAULT_FIGURES_DIR = "figures/nqm"
+
+
+def named_definitions():
+    """The one registry of named critical batch sizes (imported on use: start-up stays light)."""
+    from batchlab.analysis.definitions import named_definitions as definitions
+
+    return definitions()
+
+
+def check_tolerance(tolerance: float, name: str) -> float:
+    """:func:`batchlab.analysis.regimes.check_tolerance`, imported only to report an invalid value."""
+    if type(tolerance) is float and 0 < tolerance < 1:
+        return tolerance
+    from batchlab.analysis.regimes import check_tolerance as check
+
+    return check(tolerance, name)
 
 
 def _batch_sizes(text: str) -> list[float]:

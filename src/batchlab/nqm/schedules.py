@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import minimize
 
 from batchlab.errors import BatchlabError, unknown_name_error
 from batchlab.nqm.dynamics import Algorithm, apply, map_power, moment_recurrence
@@ -248,6 +247,8 @@ def optimal_pwc_sgd(
             near = min(cache, key=lambda q: abs(q - k)) if cache else None
             x0 = cache[near][1] if near is not None else start
             fun = lambda x: _pwc_loss_and_gradient(x, k, h_step, h_noise, c / batch_size, s0, weights)  # noqa: E731
+            from scipy.optimize import minimize  # lazy: scipy.optimize costs ~0.5 s of start-up
+
             res = minimize(fun, np.minimum(x0, bound), jac=True, method="L-BFGS-B", bounds=[(None, bound)] * pieces)
             value, x = float(res.fun), res.x
             cache[k] = (value, x)

@@ -136,7 +136,7 @@ def first_passage_candidates(
     inv_b = inv_b[None, :, None]
     for start in range(0, G, step):
         chunk = np.arange(start, min(G, start + step))
-        sub = rec.select(chunk)
+        sub = rec if chunk.size == G else rec.select(chunk)  # the whole grid: no copy
         if table is None:
             sub_table = power_table(sub, levels)
         else:

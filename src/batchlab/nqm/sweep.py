@@ -20,7 +20,6 @@ from __future__ import annotations
 from batchlab.errors import BatchlabError
 from batchlab.nqm.algorithms import Algorithm, get_nqm_algorithm, nqm_algorithm_names
 from batchlab.nqm.problem import Problem, fits_in_memory
-from batchlab.nqm.schedules import parse_schedule
 from batchlab.nqm.steps import check_target
 from batchlab.nqm.tuning import check_grid, tune, tune_pwc, tune_scheduled
 
@@ -75,7 +74,12 @@ def sweep_rows(
         raise BatchlabError(f"--notebook-fudge applies to --optimizer {allowed} with --schedule constant only")
     with fits_in_memory(problem):
         check_grid(grid)
-        kind, pieces = parse_schedule(schedule)
+        if schedule == "constant":  # the common case without loading the schedules module (start-up)
+            kind, pieces = "constant", None
+        else:
+            from batchlab.nqm.schedules import parse_schedule
+
+            kind, pieces = parse_schedule(schedule)
         check_target(target, problem.initial_loss())
         return TUNERS[kind](problem, algorithm, batch_sizes, target, grid, pieces, max_steps, notebook_fudge)
 
