@@ -25,10 +25,10 @@ def workload():
 '''
 
 
-def _task(reference, device="cpu", trials=2):
+def _task(reference, device="cpu", trials=2, device_type="cpu"):
     study = StudyPlan(workload=reference, optimizer="sgd", batch_size=16, steps=12, trials=trials, seed=0,
                       train_examples=None, stop_at_goal=False, search_space={}, metric="val/mse", goal=0.05,
-                      maximize=False, workload_name="toy/sum", device=device)
+                      maximize=False, workload_name="toy/sum", device=device, device_type=device_type)
     plans = tuple(TrialPlan(key=f"k{i}", trial_id=i + 1, point_index=i, seed=5 + i,
                             hyperparameters={"learning_rate": 0.05 * (i + 1)}) for i in range(trials))
     return TrialTask(study, plans, vectorized=False)
@@ -46,6 +46,13 @@ def test_specs_carry_the_reference_and_the_device(tmp_path):
     expected = run_trial(spec)
     assert outcomes[1].measurements == expected.measurements and outcomes[1].status == expected.status
     assert outcomes[1].device == expected.device == "cpu"
+
+
+def test_auto_becomes_the_device_type_the_driver_recorded(tmp_path):
+    # the driver resolved "auto" (its definitions say where trials train); workers must not re-resolve it
+    assert trial_spec(_task("toy.py:workload", device="auto", device_type="cuda"), 0).device == "cuda"
+    assert trial_spec(_task("toy.py:workload", device="auto", device_type="cpu"), 0).device == "cpu"
+    assert trial_spec(_task("toy.py:workload", device="cuda:1", device_type="cuda"), 0).device == "cuda:1"
 
 
 def test_a_spawned_pool_worker_reimports_a_user_workload_from_its_file(tmp_path):

@@ -45,17 +45,23 @@ class TrialOutcome:
 
 def trial_spec(task: TrialTask, index: int):
     """The :class:`batchlab.train.TrialSpec` of trial ``index`` of ``task``: the study's workload key,
-    budget, evaluation schedule (``resolution``, ``evaluations``), device and study definition."""
+    budget, evaluation schedule (``resolution``, ``evaluations``), device and study definition. The
+    device is the study's: ``auto`` becomes the type the driver resolved it to (``study.device_type``,
+    the one its definition records), so a remote Dask worker with a GPU under a CPU driver trains on
+    the CPU, as the definition says."""
     from batchlab.train import TrialSpec
     from batchlab.workloads import workload_key
 
     study, trial = task.study, task.trials[index]
+    # "auto" is resolved once, by the driver, to the device type its study definitions record; a worker
+    # trains on that type (a pinned pool worker on its own GPU), never on whatever it happens to have.
+    device = study.device_type if study.device == "auto" else study.device
     return TrialSpec(
         workload=workload_key(study.workload), optimizer=study.optimizer, batch_size=study.batch_size,
         hyperparameters=dict(trial.hyperparameters), steps=study.steps, train_examples=study.train_examples,
         seed=trial.seed, stop_at_goal=study.stop_at_goal, trial_id=trial.trial_id, trial_key=trial.key,
         search_space=study.stretched_search_space, data_seed=study.seed, resolution=study.resolution,
-        evaluations=study.evaluations, study_definition=study.definition, goal=study.goal, device=study.device,
+        evaluations=study.evaluations, study_definition=study.definition, goal=study.goal, device=device,
     )
 
 
