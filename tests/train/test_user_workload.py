@@ -64,19 +64,9 @@ def test_an_object_and_a_file_reference_train_identically(toy):
 def test_a_dataset_split_samples_the_same_batches_as_tensors(toy):
     obj, _, namespace = toy
 
-    class Examples(torch.utils.data.Dataset):
-        def __init__(self, x, y):
-            self.x, self.y = x, y
-
-        def __len__(self):
-            return len(self.x)
-
-        def __getitem__(self, i):
-            return self.x[i], self.y[i]
-
     def dataset_data():
         splits = namespace["data"]()
-        return {name: Examples(*pair) for name, pair in splits.items()}
+        return {name: torch.utils.data.TensorDataset(*pair) for name, pair in splits.items()}
 
     as_dataset = Workload(name="toy/regression_mlp_ds", make_model=namespace["model"], data=dataset_data,
                           task=regression(), goal=0.3)

@@ -116,6 +116,8 @@ def test_a_user_workload_needs_only_name_model_data_task_and_goal():
 
 
 class _Images(torch.utils.data.Dataset):
+    """(x[i], a Python int label): unlike TensorDataset, the targets go through default_collate's int path."""
+
     def __init__(self, x, y):
         self.x, self.y = x, y
 

@@ -9,15 +9,7 @@ from batchlab.workloads import DatasetSplit, TensorSplit, WorkloadData
 from batchlab.workloads.data import as_split, as_workload_data
 
 
-class Pairs(torch.utils.data.Dataset):
-    def __init__(self, x, y):
-        self.x, self.y = x, y
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        return self.x[i], self.y[i]
+Pairs = torch.utils.data.TensorDataset  # a map-style Dataset of (x[i], y[i])
 
 
 def tensors(n=50):
