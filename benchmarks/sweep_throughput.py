@@ -3,10 +3,15 @@ in the same process.
 
 1. Trials per hour with 2 local workers against 1 (goal: >= 1.8x on 2 cores): the same trials
    (``mnist/fc_128_128_128``, batch size 64) through :class:`LocalPoolExecutor`, pools warmed up first.
-2. Vectorized against sequential trials for ``mnist/fc_128_128_128`` at batch sizes 16 and 256 with
-   K = 16 (goal: >= 4x): K trials one after another with ``run_trial`` against one
-   ``run_trials_vectorized`` call, once with the workload's evaluation schedule (whole trials) and
-   once evaluating only at the last step (the training loop alone).
+2. Vectorized against sequential whole trials for fc nets (``--vectorized-workloads``, default
+   ``mnist/fc_64_64_64``) at batch sizes 16 and 256 with K = 8 (goal: >= 2x): the K trials of one
+   study with ONE shared batch order (``data_order_seed``), the sweep's own protocol (default search
+   space, the workload's evaluation schedule, stop at the goal with the replay of its bracket), one
+   after another with ``run_trial`` against one ``run_trials_vectorized`` call (the fused MLP path,
+   vectorized evaluation), same specs, same process; wall and CPU time, and a check that the results
+   agree (statuses, steps, steps to goal identical; measurements within rounding).
+   ``--only rule``: what the measured cost rule (``batchlab.sweep.vectorized.vectorization_costs``)
+   estimates and chooses at batch sizes 1..1024, shared and own batch orders.
 3. Per-trial overhead of the Dask executor (a loopback LocalCluster) against the local pool: the
    same one-step trials through both, one worker each; plus the bare dispatch cost of a no-op task.
 4. ``--only budget``: what the default budget rule (docs/methods.md, "Sweeps") gives each batch size
@@ -93,46 +98,97 @@ def workers_ratio(n_trials: int, steps: int) -> None:
           f"load average now {os.getloadavg()[0]:.1f}; CPU obtained 2 vs 1: {cores[2] / cores[1]:.2f}x)")
 
 
-def vectorized_ratio(k: int, steps: int) -> None:
-    from batchlab.sweep.vectorized import run_trials_vectorized
-    from batchlab.train import run_trial
+def _shared_specs(workload: str, optimizer: str, batch_size: int, k: int, steps: int, final_only: bool = False):
+    """K trials of one study with ONE shared batch order (``data_order_seed``): the sweep's own trial
+    definitions (default search space, seeds 0..K-1, stop at the workload's goal, the workload's
+    evaluation schedule with replay, the whole training set)."""
+    from batchlab.search import default_search_space
+    from batchlab.train import TrialSpec
 
-    run_trial(_specs(16, 1, 2, True)[0])  # load data once
-    for batch_size in (16, 256):
-        for final_only in (False, True):
-            specs = _specs(batch_size, k, steps, final_only)
-            start = time.perf_counter()
-            for spec in specs:
-                run_trial(spec)
-            sequential = time.perf_counter() - start
-            start = time.perf_counter()
-            run_trials_vectorized(specs)
-            vectorized = time.perf_counter() - start
-            what = "training only (one evaluation)" if final_only else "whole trials (workload evaluation schedule)"
-            print(f"vectorized: batch size {batch_size:>3}, K={k}, {steps} steps, {what}: sequential {sequential:.2f} s, "
-                  f"vectorized {vectorized:.2f} s = {sequential / vectorized:.2f}x trials/hour (goal >= 4x)")
+    points = default_search_space(optimizer).sample(k, seed=0)
+    return [
+        TrialSpec(workload=workload, optimizer=optimizer, batch_size=batch_size, hyperparameters=p, steps=steps,
+                  seed=i, data_seed=0, data_order_seed=0, evaluation_steps=[steps] if final_only else None,
+                  stop_at_goal=True, device="cpu")
+        for i, p in enumerate(points)
+    ]
 
 
-def vectorize_rule(k: int, steps: int) -> None:
-    """Training-loop speed-up at more batch sizes: the evidence behind ``VECTORIZE_MAX_WORK``."""
-    from batchlab.sweep.runner import VECTORIZE_MAX_WORK
-    from batchlab.sweep.vectorized import run_trials_vectorized
-    from batchlab.train import run_trial
-    from batchlab.workloads import get_workload
+def _timed(fn):
+    """``(result, wall seconds, CPU seconds of this process)`` of ``fn()``."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = fn()
+    return result, time.perf_counter() - wall, time.process_time() - cpu
 
-    params = get_workload(WORKLOAD).num_parameters()
-    for batch_size in (1, 4, 64):
-        specs = _specs(batch_size, k, steps, True)
-        start = time.perf_counter()
-        for spec in specs:
-            run_trial(spec)
-        sequential = time.perf_counter() - start
-        start = time.perf_counter()
-        run_trials_vectorized(specs)
-        vectorized = time.perf_counter() - start
-        auto = "vectorized" if batch_size * params <= VECTORIZE_MAX_WORK else "sequential"
-        print(f"rule: batch size {batch_size:>3}, K={k}, training only: {sequential / vectorized:.2f}x "
-              f"(auto rule picks {auto}: batch_size * {params} parameters vs {VECTORIZE_MAX_WORK})")
+
+def _disagreements(sequential, vectorized) -> list[str]:
+    """Where the vectorized results differ from the sequential ones: status, steps, steps to goal and
+    its bracket exactly; measurements within rounding (classification errors within 2 flipped
+    examples in 1000, other metrics within 1e-3 relative)."""
+    import math
+
+    problems = []
+    for s, v in zip(sequential, vectorized):
+        mine = (v.status, v.steps, v.steps_to_goal, v.steps_lower)
+        theirs = (s.status, s.steps, s.steps_to_goal, s.steps_lower)
+        if mine != theirs:
+            problems.append(f"trial seed {s.seed}: (status, steps, steps_to_goal, steps_lower) vectorized {mine} vs sequential {theirs}")
+            continue
+        if [m["step"] for m in s.measurements] != [m["step"] for m in v.measurements]:
+            problems.append(f"trial seed {s.seed}: measured at different steps")
+            continue
+        for a, b in zip(s.measurements, v.measurements):
+            for name, value in a.items():
+                other = b.get(name, math.nan)
+                tolerance = 2e-3 if "classification" in name else 1e-3 * max(1.0, abs(value))
+                if math.isfinite(value) and not abs(value - other) <= tolerance:
+                    problems.append(f"trial seed {s.seed}, step {a['step']}: {name} {value:.6g} vs {other:.6g}")
+    return problems
+
+
+def vectorized_ratio(workloads: list[str], optimizer: str, k: int, steps: dict[int, int]) -> None:
+    """Whole trials (training, the workload's evaluation schedule, replay of the goal's bracket): K
+    trials with one shared batch order one after another with ``run_trial`` against one
+    ``run_trials_vectorized`` call, same specs, same process; checks that the results agree."""
+    from batchlab.sweep.vectorized import StackedTrials, run_trials_vectorized, vectorization_costs
+    from batchlab.train import prepare_trial, run_trial
+
+    for workload in workloads:
+        run_trial(_shared_specs(workload, optimizer, 16, 1, 2)[0])  # load the data once
+        for batch_size, budget in steps.items():
+            specs = _shared_specs(workload, optimizer, batch_size, k, budget)
+            fused = StackedTrials([prepare_trial(s) for s in specs[:2]], check=False).fused
+            sequential, seq_wall, seq_cpu = _timed(lambda: [run_trial(spec) for spec in specs])
+            vectorized, vec_wall, vec_cpu = _timed(lambda: run_trials_vectorized(specs))
+            estimate = vectorization_costs(specs)
+            problems = _disagreements(sequential, vectorized)
+            reached = sum(r.steps_to_goal is not None for r in sequential)
+            statuses = sorted({r.status for r in sequential})
+            print(f"vectorized: {workload} {optimizer} B={batch_size:>3} K={k} {budget} steps, whole trials "
+                  f"({reached}/{k} reached the goal; statuses {', '.join(statuses)}; fused path: {fused}): "
+                  f"sequential {seq_wall:.1f} s wall / {seq_cpu:.1f} s CPU, vectorized {vec_wall:.1f} s / {vec_cpu:.1f} s "
+                  f"= {seq_wall / vec_wall:.2f}x wall, {seq_cpu / vec_cpu:.2f}x CPU (goal >= 2x); "
+                  f"the cost rule estimated {estimate.ratio:.2f}x", flush=True)
+            if problems:
+                print(f"  results DIFFER in {len(problems)} place(s): " + "; ".join(problems[:5]))
+            else:
+                print("  results agree: statuses, steps, steps to goal and brackets identical; measurements within rounding")
+
+
+def cost_rule(workload: str, optimizer: str, k: int, steps: int) -> None:
+    """What the measured cost rule (``vectorization_costs`` / ``vectorization_pays``) estimates and
+    chooses per batch size, with a shared and with each trial's own batch order."""
+    from dataclasses import replace
+
+    from batchlab.sweep.vectorized import vectorization_costs
+
+    for batch_size in (1, 16, 64, 256, 1024):
+        specs = _shared_specs(workload, optimizer, batch_size, k, steps)
+        shared = vectorization_costs(specs)
+        own = vectorization_costs([replace(s, data_order_seed=None) for s in specs])
+        print(f"rule: {workload} B={batch_size:>4} K={k}: estimated per-trial speed-up, shared order "
+              f"{shared.ratio:.2f}x ({'vectorized' if shared.ratio > 1 else 'sequential'}), own orders "
+              f"{own.ratio:.2f}x ({'vectorized' if own.ratio > 1 else 'sequential'})", flush=True)
 
 
 def dask_overhead(n_trials: int) -> None:
@@ -184,14 +240,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
     parser.add_argument("--only", choices=["workers", "vectorized", "rule", "dask", "budget"], default=None)
+    parser.add_argument("--vectorized-workloads", default="mnist/fc_64_64_64",
+                        help="comma-separated fc workloads for the vectorized comparison (default: %(default)s)")
+    parser.add_argument("--optimizer", default="sgd", help="optimizer of the vectorized comparison (default: %(default)s)")
+    parser.add_argument("--trials", type=int, default=None, help="K, trials per vectorized run (default 8; --quick 4)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="step budget of every vectorized-comparison trial (default 1500; --quick 200)")
     args = parser.parse_args()
     q = args.quick
+    k = args.trials or (4 if q else 8)
+    steps = args.steps or (200 if q else 1500)
     if args.only in (None, "workers"):
         workers_ratio(n_trials=4 if q else 12, steps=40 if q else 150)
     if args.only in (None, "vectorized"):
-        vectorized_ratio(k=4 if q else 16, steps=30 if q else 200)
+        vectorized_ratio(args.vectorized_workloads.split(","), args.optimizer, k, {16: steps, 256: steps})
     if args.only in (None, "rule"):
-        vectorize_rule(k=4 if q else 16, steps=20 if q else 100)
+        cost_rule(args.vectorized_workloads.split(",")[0], args.optimizer, k, steps)
     if args.only in (None, "dask"):
         dask_overhead(n_trials=5 if q else 20)
     if args.only in (None, "budget"):

@@ -114,3 +114,61 @@ def write_release(root, trials, train_steps=100, parameter_configs=None):
             lines.append(",".join([str(step), *(repr(float(values[m])) for m in metrics)]))
         (trial_dir / "measurements.csv").write_text("\n".join(lines) + "\n")
     return root
+
+
+def race_trials(trials, metric, goal, keep=2, maximize=False):
+    """What racing with ``keep`` leaves of a full-protocol ``trials`` list (batchlab.train.race).
+
+    Per (workload, batch size), the bound is the ``keep``-th smallest key ``(first step meeting the
+    goal, trial id)`` (strictly, as the analysis counts it); a trial not among the ``keep`` best stops
+    after the first of its evaluations at step ``s`` that has not met the goal and whose next
+    evaluation ``e`` has ``(e, trial id) > bound``: its rows end at ``s`` and its status becomes
+    ``RACED`` (the most aggressive stop racing can make: the live race's bound only decreases to this
+    final one). Batch sizes where fewer than ``keep`` trials reach the goal are not raced. Returns new
+    trial dicts (the input is left unchanged)."""
+    import math
+
+    def first(t):
+        hits = [s for s, values in t["rows"] if metric in values and math.isfinite(values[metric])
+                and (values[metric] > goal if maximize else values[metric] < goal)]
+        return min(hits, default=math.inf)
+
+    groups = {}
+    for t in trials:
+        groups.setdefault((t["workload"], t["batch_size"]), []).append(t)
+    out = []
+    for group in groups.values():
+        order = sorted(group, key=lambda t: (first(t), t["trial_id"]))
+        bound = (first(order[keep - 1]), order[keep - 1]["trial_id"]) if len(order) >= keep else (math.inf, 0)
+        kept = {t["trial_id"] for t in order[:keep]}
+        for t in group:
+            t = dict(t)
+            steps = sorted(s for s, _ in t["rows"])
+            if math.isfinite(bound[0]) and t["trial_id"] not in kept:
+                cut = next((s for s, e in zip(steps, steps[1:]) if s < first(t) and (e, t["trial_id"]) > bound), None)
+                if cut is not None:
+                    t["rows"] = [(s, v) for s, v in t["rows"] if s <= cut]
+                    t["status"] = "RACED"
+            out.append(t)
+    return out
+
+
+def publish_store(path, trials, definitions):
+    """A new store at ``path`` holding ``trials`` (each trial's ``study`` names one of ``definitions``,
+    ``{name: make_study_definition(...)}``); returns ``{name: study id}``."""
+    from batchlab.store import Store
+    from batchlab.store.studies import study_id
+    from batchlab.store.writer import TrialRecord, publish_trials
+
+    store = Store.open(path, create=True)
+    publish_trials(store, [
+        TrialRecord(
+            workload=t["workload"], batch_size=t["batch_size"], trial_id=t["trial_id"],
+            trial_key=f"{t['workload']}/{t['batch_size']}/{t['trial_id']}", parameters=t["parameters"],
+            status=t["status"], steps=max(s for s, _ in t["rows"]),
+            measurements=[(s, m, float(v)) for s, values in t["rows"] for m, v in values.items()],
+            study_definition=definitions[t["study"]],
+        )
+        for t in trials
+    ])
+    return {name: study_id(d) for name, d in definitions.items()}

@@ -62,7 +62,7 @@ def test_point_estimate_is_the_plain_fit_and_lies_in_its_interval():
         assert low <= est.estimates[name] <= high, name
     summary = est.to_dict()
     assert set(summary["critical_batch_sizes"]) == {d.name for d in REGISTRY}
-    assert summary["bootstrap"] == {"n_boot": 60, "n_failed": 0, "level": 0.9, "seed": 0}
+    assert summary["bootstrap"] == {"n_boot": 60, "n_failed": 0, "n_undetermined": 0, "level": 0.9, "seed": 0}
     assert summary["fit_intervals"]["s_min"]["low"] <= summary["fit"]["s_min"]
     assert summary["critical_batch_sizes"]["perfect_scaling_end"]["low"] is None  # data-read: no interval
     assert summary["b0"] == 1 and summary["points_used"] == 12 and summary["batch_size_range"] == [1, 2048]

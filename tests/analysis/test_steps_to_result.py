@@ -212,7 +212,9 @@ def test_trial_first_steps_per_trial_table(make_con):
     )
     frame = trial_first_steps(con, Selection(W, M, 0.01))
     assert list(frame["batch_size"]) == [8, 8, 16] and list(frame["trial_id"]) == [1, 2, 1]
-    assert np.isnan(frame["first_step"][0]) and list(frame["first_step"][1:]) == [20.0, 5.0]
+    # not reached is inf (NaN is kept for raced trials whose first step is unknown)
+    assert list(frame["first_step"]) == [np.inf, 20.0, 5.0]
+    assert frame["raced_at"].isna().all() and frame["value_bound"].isna().all()
     steps = trial_steps_by_batch_size(frame)
     assert set(steps) == {8, 16}
     np.testing.assert_array_equal(steps[8], [np.inf, 20.0])

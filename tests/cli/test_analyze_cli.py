@@ -374,3 +374,50 @@ def test_s_min_line_does_not_call_an_unseen_plateau_measured(capsys, tmp_path):
     text = " ".join(out.split())
     assert "measured plateau" not in text
     assert "smallest measured steps 1250 at B = 256 (no plateau seen: an upper bound on the plateau)" in text
+
+
+# --- raced studies (docs/methods.md, "Racing") ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def raced_store(tmp_path_factory):
+    """B=8 and B=16, five trials each, raced on error < 0.05 with keep 2 (the trials of
+    tests/analysis/test_racing.py's small study, cut by race_trials)."""
+    from analysis_fixtures import publish_store, race_trials
+    from batchlab.store.studies import make_study_definition
+
+    errors = {1: [0.9, 0.5, 0.2, 0.1], 2: [0.9, 0.3, 0.04, 0.01], 3: [0.9, 0.6, 0.04, 0.02],
+              4: [0.9, 0.8, 0.07, 0.03], 5: [0.9, 0.9, 0.9, 0.9]}
+    full, definitions = [], {}
+    for b in (8, 16):
+        definitions[b] = make_study_definition(workload=SGD, batch_size=b, train_steps=40, race={"keep": 2},
+                                               stop_rule={"metric": E, "goal": 0.05, "maximize": False})
+        full += [trial(SGD, b, t, [(s * 16 // b, {E: v}) for s, v in zip((10, 20, 30, 40), values)], study=b,
+                       learning_rate=0.1 * t) for t, values in errors.items()]
+    path = tmp_path_factory.mktemp("raced") / "store"
+    ids = publish_store(path, race_trials(full, E, 0.05), definitions)
+    return path, ids
+
+
+def test_raced_study_steps_to_result_counts_raced_trials(capsys, raced_store):
+    path, ids = raced_store
+    base = ["analyze", "steps-to-result", "--store", str(path), "--workload", SGD, "--metric", E, "--goal", "0.05"]
+    code, out, err = run(capsys, *base, "--json")
+    assert code == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [(d["batch_size"], d["steps"], d["steps_lower"], d["trial_id"]) for d in lines] == [
+        (8, 60, 40, 2), (16, 30, 20, 2)]
+    assert [(d["n_trials"], d["n_reached"], d["n_raced"], d["value_bound"]) for d in lines] == [(5, 2, 3, None)] * 2
+    code, out, err = run(capsys, *base)
+    assert code == 0 and "2/5 (3 raced)" in out and "statuses COMPLETE, STOPPED_AT_GOAL, RACED" in out
+
+
+def test_raced_study_stricter_goal_is_one_line_exit_2(capsys, raced_store):
+    path, ids = raced_store
+    code, out, err = run(capsys, "analyze", "steps-to-result", "--store", str(path), "--workload", SGD, "--metric", E,
+                         "--goal", "0.015", "--json")
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert "is not determined" in err and f"raced study {ids[8]}" in err and "without --race" in err
+    code, out, err = run(capsys, "analyze", "critical-batch-size", "--store", str(path), "--workload", SGD,
+                         "--metric", E, "--goal", "0.015", "--json")
+    assert (code, out) == (2, "") and "is not determined" in err

@@ -309,3 +309,131 @@ def test_figures_default_directory_is_created_with_a_note(capsys, tmp_path, monk
     assert code == 0 and seen["out"] == "figures/nqm" and (tmp_path / "figures" / "nqm").is_dir()
     assert err.strip() == "created figures/nqm"
     assert _strict_json_lines(out)[-1]["figures"] == {"training_curves": "figures/nqm/x.png"}
+
+
+# --- start-up: lazy command groups -------------------------------------------------------------------
+
+#: Imported by no command below: training, the store, plotting and the analysis are other groups'.
+HEAVY = ("torch", "duckdb", "matplotlib", "pyarrow", "pandas", "scipy", "batchlab.train", "batchlab.store",
+         "batchlab.plots", "batchlab.analysis", "batchlab.sweep", "batchlab.workloads")
+
+_LAUNCHER = """
+import json, sys
+from batchlab.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    assert not exc.code, exc.code
+watched = json.loads(sys.stdin.read())
+loaded = sorted(m for m in sys.modules if m.startswith("batchlab.cli."))
+heavy = sorted({m for m in sys.modules for h in watched if m == h or m.startswith(h + ".")})
+print(json.dumps({"cli": loaded, "heavy": heavy}), file=sys.stderr)
+"""
+
+
+def _imports(*args):
+    """(command modules loaded, heavy modules loaded) by ``batchlab ARGS`` in a fresh process."""
+    done = subprocess.run([sys.executable, "-c", _LAUNCHER, *args], input=json.dumps(HEAVY), capture_output=True,
+                          text=True, check=True)
+    report = json.loads(done.stderr.strip().splitlines()[-1])
+    return report["cli"], report["heavy"], done.stdout
+
+
+def test_nqm_sweep_imports_only_what_it_needs():
+    cli, heavy, out = _imports("nqm", "sweep", "--batch-sizes", "4096", "--grid", "official", "--json")
+    assert json.loads(out)["reached"] is True
+    assert heavy == [] and "batchlab.cli.nqm" in cli
+    assert not {"batchlab.cli.train", "batchlab.cli.sweep", "batchlab.cli.store", "batchlab.cli.analyze",
+                "batchlab.cli.plot"} & set(cli)
+    cli, heavy, out = _imports("version")
+    assert out.strip() and heavy == [] and cli == []
+
+
+def _eager_app():
+    """The main app as it was before lazy loading: every module registered up front."""
+    import typer
+
+    import batchlab.cli as cli
+    from batchlab.cli import analyze, nqm, plot, store, sweep, train
+
+    app = typer.Typer(name="batchlab", help=cli.app.info.help, no_args_is_help=True, invoke_without_command=False,
+                      add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+    app.command("version")(cli.version)
+    for module in (nqm, store, analyze, plot, train, sweep):
+        module.register(app)
+    app.callback()(cli._root)
+    return app
+
+
+def _helps(app):
+    """The help text of the main command and of every group, by command path."""
+    import typer.main
+
+    def helps(command, path):
+        context = command.make_context(path, [], resilient_parsing=True)
+        yield path, command.get_help(context)
+        for name in getattr(command, "commands", {}):
+            sub = command.commands[name]
+            if getattr(sub, "commands", None):
+                yield from helps(sub, f"{path} {name}")
+
+    return dict(helps(typer.main.get_command(app), "batchlab"))
+
+
+def test_lazy_groups_list_every_command_with_its_help():
+    from batchlab.cli import LAZY_COMMANDS, app
+
+    lazy, eager = _helps(app), _helps(_eager_app())
+    assert list(lazy) == list(eager) and lazy == eager  # same commands, order and help texts
+    listed = lazy["batchlab"].split("Commands:")[1].split()
+    assert [name for name in ["version", *LAZY_COMMANDS] if name in listed] == ["version", *LAZY_COMMANDS]
+    assert {"batchlab nqm", "batchlab store", "batchlab analyze", "batchlab plot"} <= set(lazy)
+
+
+def test_lazy_names_load_nothing_until_looked_up():
+    from batchlab.cli import LazyCommands
+
+    loads = []
+    commands = LazyCommands({"version": "built"}, {"nqm": "batchlab.cli.nqm", "plot": "batchlab.cli.plot"})
+    import batchlab.cli as cli
+
+    original = cli.load_commands
+    cli.load_commands = lambda name: loads.append(name) or {"nqm": f"<{name}>"}
+    try:
+        assert list(commands) == ["version", "nqm", "plot"] and "plot" in commands and len(commands) == 3
+        assert loads == []
+        assert commands["nqm"] == "<batchlab.cli.nqm>" and commands.get("nqm") == "<batchlab.cli.nqm>"
+        assert loads == ["batchlab.cli.nqm"] and commands.get("nope") is None
+    finally:
+        cli.load_commands = original
+
+
+@pytest.mark.parametrize("flag, texts", [
+    ("--max-steps", ["7", "0", "-3", "+7", "007", "1_000", " 5", "1.5", "1e3", "x", "123456789012345678901"]),
+    ("--precondition", ["0", "0.5", "-0.0", "1e-2", "2.5E+3", ".5", "5.", "+1", " 0.5", "1_0", "inf", "nan", "x"]),
+    ("--preset", ["zhang2019", "", " a b "]),
+    ("--json", ["true", "no", "1"]),
+])
+def test_plain_option_conversion_is_typers(flag, texts):
+    pytest.importorskip("typer._coercion")  # typer >= 0.22 converts option values itself
+    import typer.main
+    from typer._click.exceptions import BadParameter
+    from typer._coercion import build_runtime_param
+
+    from batchlab.cli import PlainCoercion, app
+
+    sweep = typer.main.get_command(app).commands["nqm"].commands["sweep"]
+    (param,) = [p for p in sweep.params if flag in p.opts]
+    assert isinstance(param.get_runtime_param(), PlainCoercion)
+    ctx = sweep.make_context("sweep", [], resilient_parsing=True)
+    typers = build_runtime_param(param.type_descriptor)
+
+    def outcome(conversion, text):
+        try:
+            value = conversion.coerce(text, param=param, ctx=ctx)
+            return type(value), repr(value)
+        except BadParameter as exc:
+            return "error", exc.format_message()
+
+    for text in texts:
+        assert outcome(param.get_runtime_param(), text) == outcome(typers, text), text

@@ -165,3 +165,43 @@ def test_goal_met_at_step_0_is_one_line_not_a_traceback(capsys, tmp_path):
     assert not (tmp_path / "f.png").exists()
     code, out, err = run(capsys, "analyze", "critical-batch-size", *args)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "met at step 0" in err
+
+
+@pytest.fixture(scope="module")
+def raced_store(tmp_path_factory):
+    """One raced study (keep 2, stop at error < 0.05) at B=8: trials 4 and 5 are RACED at step 20."""
+    from analysis_fixtures import publish_store, race_trials
+    from batchlab.store.studies import make_study_definition
+
+    errors = {1: [0.9, 0.5, 0.2, 0.1], 2: [0.9, 0.3, 0.04, 0.01], 3: [0.9, 0.6, 0.04, 0.02],
+              4: [0.9, 0.8, 0.07, 0.03], 5: [0.9, 0.9, 0.9, 0.9]}
+    definition = make_study_definition(workload=NESTEROV, batch_size=8, train_steps=40, race={"keep": 2},
+                                       stop_rule={"metric": E, "goal": 0.05, "maximize": False})
+    full = [trial(NESTEROV, 8, t, [(s, {E: v}) for s, v in zip((10, 20, 30, 40), values)], study="s",
+                  learning_rate=0.1 * t, momentum=1 - 0.1 ** t) for t, values in errors.items()]
+    path = tmp_path_factory.mktemp("raced") / "store"
+    ids = publish_store(path, race_trials(full, E, 0.05), {"s": definition})
+    return path, ids["s"]
+
+
+def test_best_measurement_plot_refuses_a_raced_study(capsys, raced_store, tmp_path):
+    path, sid = raced_store
+    out_file = tmp_path / "f.png"
+    base = ["plot", "best-measurement", "--store", str(path), "--workload", NESTEROV, "--metric", E,
+            "--out", str(out_file)]
+    code, out, err = run(capsys, *base, "--step-budget", "40")
+    assert (code, out) == (2, "") and err.count("\n") == 1 and not out_file.exists()
+    assert f"raced study {sid} stopped trial" in err and "re-run the study without --race" in err
+    assert "a step budget <= 20" in err
+    code, out, err = run(capsys, *base, "--step-budget", "20")  # every raced curve is complete up to 20
+    assert code == 0, err
+    assert out_file.read_bytes().startswith(PNG)
+
+
+def test_lr_momentum_plot_of_a_raced_study(capsys, raced_store, tmp_path):
+    path, _ = raced_store
+    out_file = tmp_path / "f.png"
+    code, out, err = run(capsys, "plot", "lr-momentum", "--store", str(path), "--workload", NESTEROV, "--metric", E,
+                         "--goal", "0.05", "--out", str(out_file))
+    assert code == 0, err
+    assert out_file.read_bytes().startswith(PNG)

@@ -36,11 +36,11 @@ def test_info_counts(store, release):
     fill(store, release[0])
     info = store_info(store)
     assert info["workloads"] == 4 and info["studies"] == 7
-    assert info["trials"] == {"COMPLETE": 12 + 3, "INCOMPLETE": 6, "INFEASIBLE": 6 + 2, "STOPPED_AT_GOAL": 0}
+    assert info["trials"] == {"COMPLETE": 12 + 3, "INCOMPLETE": 6, "INFEASIBLE": 6 + 2, "STOPPED_AT_GOAL": 0, "RACED": 0}
     assert len(info["study_definitions"]) == 7
     mine = [s for s in info["study_definitions"] if s["workload"] == "mnist/fc_64_64_64/sgd"]
     assert len(mine) == 1 and mine[0]["n_trials"] == 5 and mine[0]["source"] == "batchlab"
-    assert mine[0]["statuses"] == {"COMPLETE": 3, "INCOMPLETE": 0, "INFEASIBLE": 2, "STOPPED_AT_GOAL": 0}
+    assert mine[0]["statuses"] == {"COMPLETE": 3, "INCOMPLETE": 0, "INFEASIBLE": 2, "STOPPED_AT_GOAL": 0, "RACED": 0}
     assert info["measurements"] == 24 * 10 + 5 * 5
 
 

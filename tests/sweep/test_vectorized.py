@@ -11,8 +11,10 @@ from torch import nn
 
 import batchlab.workloads.registry as registry
 from batchlab.errors import BatchlabError
-from batchlab.sweep.vectorized import run_trials_vectorized, vectorization_obstacle
-from batchlab.train import TrialSpec, run_trial
+from batchlab.sweep.vectorized import (StackedTrials, measure_stacked, mlp_layers, run_trials_vectorized, shared_order_seed,
+                                       vectorization_costs, vectorization_obstacle, vectorization_pays)
+from batchlab.train import TrialSpec, prepare_trial, run_trial
+from batchlab.train.evaluation import measure
 
 POINTS = {
     "sgd": [{"learning_rate": 0.05}, {"learning_rate": 0.3, "learning_rate_decay_steps": 6, "end_learning_rate_factor": 0.1},
@@ -23,11 +25,11 @@ POINTS = {
 }
 
 
-def _specs(optimizer, stop_at_goal=False, steps=12):
+def _specs(optimizer, stop_at_goal=False, steps=12, data_order_seed=None):
     return [
         TrialSpec(workload="mnist/fc_64_64_64", optimizer=optimizer, batch_size=16, hyperparameters=h, steps=steps,
                   train_examples=512, seed=10 + i, data_seed=1, stop_at_goal=stop_at_goal,
-                  evaluation_steps=[1, 4, 8, steps])
+                  evaluation_steps=[1, 4, 8, steps], data_order_seed=data_order_seed)
         for i, h in enumerate(POINTS[optimizer])
     ]
 
@@ -46,9 +48,13 @@ def _assert_same(sequential, vectorized):
                 assert b[name] == pytest.approx(a[name], rel=1e-4, abs=1e-5), (name, a, b)
 
 
+@pytest.mark.parametrize("order", [None, 7], ids=["own-orders", "shared-order"])
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum", "nesterov", "adam"])
-def test_vectorized_equals_sequential(optimizer):
-    specs = _specs(optimizer)
+def test_vectorized_equals_sequential(optimizer, order):
+    # own orders: vmap over K stacked batches; a shared order: one batch for all K, the fused MLP path
+    specs = _specs(optimizer, data_order_seed=order)
+    stack = StackedTrials([prepare_trial(spec) for spec in specs])
+    assert (stack.shared, stack.fused) == (order is not None, order is not None)
     vectorized = run_trials_vectorized(specs)
     for spec, result in zip(specs, vectorized):
         _assert_same(run_trial(spec), result)
@@ -87,11 +93,13 @@ def test_what_cannot_be_vectorized_is_named():
         run_trials_vectorized(ema)
 
 
+@pytest.mark.parametrize("order", [None, 3], ids=["own-orders", "shared-order"])
 @pytest.mark.parametrize("refine", ["replay", "dense"])
-def test_default_schedule_goal_steps_match_sequential(monkeypatch, refine):
-    # the default schedule: every metric at the full steps, the goal split alone at the resolution
-    # steps: all of them (dense), or those of the bracket where the goal is first met (replay)
-    specs = _specs("momentum", steps=60, stop_at_goal=refine == "replay")
+def test_default_schedule_goal_steps_match_sequential(monkeypatch, refine, order):
+    # the default schedule: every metric at the full steps (measured for all K at once), the goal
+    # split alone at the resolution steps: all of them (dense), or those of the bracket where the goal
+    # is first met (replay, from the stacked snapshot: with a shared order, on the shared batches)
+    specs = _specs("momentum", steps=60, stop_at_goal=refine == "replay", data_order_seed=order)
     for spec in specs:
         spec.evaluation_steps, spec.evaluations, spec.resolution, spec.refine = None, 4, 0.2, refine
     specs.append(replace(specs[0], hyperparameters={"learning_rate": 0.05, "momentum": 0.9}, seed=30))
@@ -185,3 +193,125 @@ def test_models_that_cannot_be_vectorized_are_refused_before_training(make_model
     assert "\n" not in str(err.value)
     assert isinstance(err.value, BatchlabError)
     run_trials_vectorized(_toy_specs(_random_buffer, seeds=(3,)))  # one trial: its own buffer, fine
+
+
+def test_shared_order_seed_needs_one_seed_for_all():
+    specs = _specs("sgd", data_order_seed=4)
+    assert shared_order_seed(specs) == 4
+    specs[1] = replace(specs[1], data_order_seed=5)
+    assert shared_order_seed(specs) is None
+    assert shared_order_seed(_specs("sgd")) is None
+    assert vectorization_obstacle(specs) is None  # differing orders still vectorize (stacked batches)
+
+
+def test_mlp_layers_recognises_exactly_linear_relu_stacks():
+    from batchlab.workloads import get_workload
+
+    fc = mlp_layers(get_workload("mnist/fc_64_64_64").build_model(seed=0))
+    assert fc.flatten and fc.layers == (("1.weight", "1.bias"), ("3.weight", "3.bias"), ("5.weight", "5.bias"),
+                                        ("7.weight", "7.bias"))
+    no_bias = mlp_layers(nn.Sequential(nn.Linear(4, 3, bias=False), nn.ReLU(), nn.Linear(3, 2)))
+    assert not no_bias.flatten and no_bias.layers == (("0.weight", None), ("2.weight", "2.bias"))
+    for model in (_dropout(), _batch_norm(), nn.Sequential(nn.Linear(4, 3), nn.ReLU()),
+                  nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 1)), nn.Sequential(nn.Flatten(0), nn.Linear(4, 1)),
+                  nn.Sequential(), _Projected()):
+        assert mlp_layers(model) is None
+
+
+def test_fused_gradients_equal_the_per_trial_gradients():
+    # the fused step (one GEMM for the first layer of all K, autograd of the summed losses) gives
+    # each trial the gradient and loss of its own model on the shared batch
+    specs = _specs("momentum", data_order_seed=2)
+    specs[0].hyperparameters = {**specs[0].hyperparameters, "label_smoothing": 0.1}
+    specs[1].hyperparameters = {**specs[1].hyperparameters, "label_smoothing": 0.1}
+    prepared = [prepare_trial(spec) for spec in specs]
+    stack = StackedTrials(prepared)
+    assert stack.fused
+    x, y = stack.batch_of([0, 1], 0)
+    assert x.shape == (16, 1, 28, 28)
+    grads, losses = stack.grad_and_loss(stack.params, stack.buffers, x, y)
+    for r, p in enumerate(prepared):
+        model = p.model
+        model.zero_grad()
+        loss = p.workload.loss(model(x), y, label_smoothing=0.1)
+        loss.backward()
+        assert losses[r].item() == pytest.approx(loss.item(), rel=1e-6)
+        for name, param in model.named_parameters():
+            torch.testing.assert_close(grads[name][r], param.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_stacked_evaluation_equals_measure():
+    specs = _specs("adam", data_order_seed=1)
+    prepared = [prepare_trial(spec) for spec in specs]
+    stack = StackedTrials(prepared)
+    splits = prepared[0].eval_splits
+    assert set(splits) == {"train", "val"}
+    together = stack.measure_rows(stack.params, stack.buffers, splits)
+    assert len(together) == len(specs)
+    for row, p in zip(together, prepared):
+        alone = measure(p.workload, p.model, splits)
+        assert row.keys() == alone.keys()
+        for name, value in alone.items():
+            assert row[name] == pytest.approx(value, rel=1e-6, abs=1e-9), name
+    # the vmap path (a model that is not an MLP) on a regression task, with a buffer
+    toy = [prepare_trial(spec) for spec in _toy_specs(_random_buffer, seeds=(4,))] * 2
+    toy_stack = StackedTrials(toy)
+    assert not toy_stack.fused
+    rows = toy_stack.measure_rows(toy_stack.params, toy_stack.buffers, toy[0].eval_splits)
+    alone = measure(toy[0].workload, toy[0].model, toy[0].eval_splits)
+    for row in rows:
+        assert row.keys() == alone.keys() == {"train/mse", "train/mae", "val/mse", "val/mae"}
+        for name, value in alone.items():
+            assert row[name] == pytest.approx(value, rel=1e-6), name
+
+
+def test_measure_stacked_streams_the_workloads_batches():
+    # per-trial sums of each evaluation batch, the workload's subset cap and batch size
+    from batchlab.workloads import Workload, regression
+
+    x = torch.randn(50, 3, generator=torch.Generator().manual_seed(0))
+    workload = Workload(name="toy/stack", make_model=lambda: nn.Linear(3, 1), data=lambda: {}, task=regression(),
+                        goal=0.1, eval_examples={"val": 30}, eval_batch_size=7)
+    weights = torch.tensor([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0]])
+    batches = []
+
+    def forward(xb):
+        batches.append(len(xb))
+        return (weights @ xb.t()).unsqueeze(-1)  # (K=2, N, 1)
+
+    target = x.sum(1)
+    rows = measure_stacked(workload, forward, {"val": (x, target)})
+    assert batches == [7, 7, 7, 7, 2]
+    from batchlab.workloads.metrics import fixed_subset
+
+    kept = fixed_subset(50, 30)
+    for k, row in enumerate(rows):
+        error = (x[kept] @ weights[k] - target[kept]).double()
+        assert row["val/mse"] == pytest.approx(error.square().mean().item(), rel=1e-6)
+        assert row["val/mae"] == pytest.approx(error.abs().mean().item(), rel=1e-6)
+
+
+def test_cost_rule_measures_and_leaves_the_trials_alone(monkeypatch):
+    import copy
+
+    import batchlab.sweep.vectorized as vectorized
+
+    specs = _specs("momentum", data_order_seed=5)
+    before = copy.deepcopy(specs)
+    first_run = run_trials_vectorized(specs)
+    rng = torch.get_rng_state()
+    monkeypatch.setattr(vectorized, "_PAYS", {})
+    cost = vectorization_costs(specs)
+    assert cost.sequential > 0 and cost.vectorized > 0 and cost.ratio == cost.sequential / cost.vectorized
+    pays = vectorization_pays(specs)
+    assert isinstance(pays, bool)
+    assert specs == before and torch.equal(torch.get_rng_state(), rng)
+    again = run_trials_vectorized(specs)
+    assert [r.measurements for r in again] == [r.measurements for r in first_run]  # bit for bit
+    # what cannot be vectorized is never chosen
+    assert vectorization_pays(_toy_specs(_dropout)) is False
+    # cached per (workload, optimizer, batch size, K, device, shared order): measured once
+    monkeypatch.setattr(vectorized, "vectorization_costs", lambda specs: pytest.fail("measured twice"))
+    assert vectorization_pays(copy.deepcopy(specs)) is pays
+    assert vectorization_pays(specs[:1]) is False
+    assert vectorization_pays([specs[0], replace(specs[1], batch_size=32)]) is False

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from batchlab.train.core import (
+    RACED,
     COMPLETE,
     INFEASIBLE,
     STOPPED_AT_GOAL,
@@ -159,5 +160,6 @@ def test_batches_on_the_cpu_are_the_splits_own():
 def test_the_statuses_a_trial_ends_with_are_the_stores():
     from batchlab.store.schema import DEFAULT_ANALYSIS_STATUSES, STATUSES
 
-    assert {COMPLETE, STOPPED_AT_GOAL, INFEASIBLE} <= set(STATUSES)
-    assert set(DEFAULT_ANALYSIS_STATUSES) == {COMPLETE, STOPPED_AT_GOAL}  # what best_trial ranks
+    assert {COMPLETE, STOPPED_AT_GOAL, INFEASIBLE, RACED} <= set(STATUSES)
+    # what best_trial ranks, plus RACED trials, which never met the goal (the analysis reads them as unknown)
+    assert set(DEFAULT_ANALYSIS_STATUSES) == {COMPLETE, STOPPED_AT_GOAL, RACED}

@@ -86,3 +86,102 @@ def test_cutting_splits_first_gives_the_workloads_own_measurements():
     # (x, y) pairs are accepted too, and cut to the same examples
     pairs = subset_splits({"train": (data.train_x, data.train_y)}, {"train": 250})
     assert torch.equal(pairs["train"].x, smaller["train"].x) and torch.equal(pairs["train"].y, smaller["train"].y)
+
+
+# --- goal-only steps: the goal check stopped once decided -------------------------------------------
+
+from batchlab.train.core import TrialProgress, finite, replay_bracket  # noqa: E402
+from batchlab.train.evaluation import BOUND_SUFFIX, goal_reached, measure_goal, with_bound_flags  # noqa: E402
+
+GOAL_METRIC = "val/classification_error"
+
+
+def _val(workload, examples=5000):
+    data = workload.load_data(train_examples=3000, seed=0)
+    return data, {"val": subset_splits({"val": data.val}, {"val": examples})["val"]}
+
+
+def _counting(model):
+    seen = []
+    model.register_forward_hook(lambda module, inputs, output: seen.append(len(inputs[0])))
+    return seen
+
+
+def test_an_untrained_model_is_refused_after_one_batch_with_a_lower_bound():
+    workload = get_workload("mnist/fc_64_64_64")
+    _, splits = _val(workload)
+    model = workload.build_model(seed=1)
+    true = measure(workload, model, splits)[GOAL_METRIC]  # about 0.9
+    seen = _counting(model)
+    metrics, bounds = measure_goal(workload, model, splits, goal=0.03)
+    assert seen == [1000] and bounds == {GOAL_METRIC: 1.0} and list(metrics) == [GOAL_METRIC]
+    assert 0.03 <= metrics[GOAL_METRIC] <= true and not goal_reached(metrics[GOAL_METRIC], 0.03, False)
+    row = with_bound_flags(metrics, bounds)
+    assert row == {GOAL_METRIC: metrics[GOAL_METRIC], GOAL_METRIC + BOUND_SUFFIX: 1.0} and finite(row)
+
+
+def test_bounded_rows_decide_the_goal_as_the_full_measurement_does():
+    workload = get_workload("mnist/fc_64_64_64")
+    _, splits = _val(workload)
+    model = workload.build_model(seed=1)
+    full = measure(workload, model, splits)
+    true = full[GOAL_METRIC]
+    errors = round(true * 5000)
+    stopped = 0
+    for goal in (0.03, 0.5, true - 1e-9, true, true + 1e-9, (errors + 1) / 5000, 0.95, 0.999):
+        progress = TrialProgress(metric=GOAL_METRIC, goal=goal, maximize=False, stop_at_goal=True, total_steps=10)
+        metrics, bounds = measure_goal(workload, model, splits, goal)
+        assert progress.meets_goal(with_bound_flags(metrics, bounds)) == progress.meets_goal(full)
+        if bounds:
+            stopped += 1
+            assert (true >= metrics[GOAL_METRIC]) if bounds[GOAL_METRIC] == 1.0 else (true <= metrics[GOAL_METRIC])
+        else:  # undecided until the end (a goal at or next to the true value): the full measurement itself
+            assert metrics == full
+    assert not goal_reached(true, true, False) and stopped >= 4
+
+
+def test_tasks_without_bounded_metrics_are_measured_in_full():
+    import dataclasses
+
+    from batchlab.workloads.tasks import custom_task
+
+    base = get_workload("mnist/fc_64_64_64")
+    task = custom_task(base.task.loss, base.task.metrics, metric_names=("cross_entropy_error", "classification_error"))
+    workload = dataclasses.replace(base, task=task)
+    _, splits = _val(workload, 2000)
+    model = workload.build_model(seed=1)
+    assert measure_goal(workload, model, splits, goal=0.03) == (measure(workload, model, splits), {})
+    ce = dataclasses.replace(base, metric="val/cross_entropy_error", goal=0.1)
+    assert measure_goal(ce, model, splits, goal=0.1) == (measure(ce, model, splits), {})
+
+
+def test_a_replayed_bracket_finds_the_same_step_with_bounded_goal_checks():
+    workload = get_workload("mnist/fc_64_64_64")
+    data, splits = _val(workload, 2000)
+    goal = 0.3
+
+    def replay(measure_step):
+        torch.manual_seed(0)
+        model = workload.build_model(seed=2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        sampler = torch.Generator().manual_seed(0)
+
+        def advance(step):
+            x, y = data.train.batch(torch.randint(0, data.num_train, (64,), generator=sampler))
+            optimizer.zero_grad()
+            workload.loss(model(x), y).backward()
+            optimizer.step()
+
+        progress = TrialProgress(metric=GOAL_METRIC, goal=goal, maximize=False, stop_at_goal=True, total_steps=200)
+        return replay_bracket({0: progress}, list(range(5, 201, 5)), 0, advance, lambda key, step: measure_step(model))[0]
+
+    rows, found = replay(lambda model: measure(workload, model, splits))
+    bounded_rows, bounded_found = replay(lambda model: with_bound_flags(*measure_goal(workload, model, splits, goal)))
+    assert found is not None and bounded_found == found and len(bounded_rows) == len(rows)
+    flagged = [r for r in bounded_rows if GOAL_METRIC + BOUND_SUFFIX in r]
+    assert flagged and all(r[GOAL_METRIC + BOUND_SUFFIX] == 1.0 and "val/cross_entropy_error" not in r for r in flagged)
+    for exact, bounded in zip(rows, bounded_rows):
+        if GOAL_METRIC + BOUND_SUFFIX in bounded:
+            assert bounded[GOAL_METRIC] <= exact[GOAL_METRIC]
+        else:
+            assert bounded == exact

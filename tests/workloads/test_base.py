@@ -58,7 +58,11 @@ def test_evaluate_train_split_uses_a_capped_fixed_subset():
     model.register_forward_hook(lambda module, inputs, output: calls.append(len(inputs[0])))
     out = w.evaluate(model, data.train_x, data.train_y, split="train")
     assert set(out) == {"train/cross_entropy_error", "train/classification_error"}
-    assert sum(calls) == w.eval_examples["train"] < data.num_train
+    # one example probes the default batch rule (once per model), then the capped subset in batches of 1000
+    assert w.eval_batch_size is None and calls == [1, 1000, 1000]
+    assert sum(calls[1:]) == w.eval_examples["train"] < data.num_train
+    calls.clear()
+    assert w.evaluate(model, data.train_x, data.train_y, split="train") == out and calls == [1000, 1000]
     assert 2.0 < out["train/cross_entropy_error"] < 2.6  # an untrained 10-class net: about log(10)
 
 

@@ -24,6 +24,12 @@ Methods, targets and measured coverage are in docs/methods.md ("Intervals").
 * **Data-read regime bounds** are measured batch sizes: no interval; ``regime_fractions`` give the
   share of trial-resampled curves (``n_boot`` replicates, seeded) putting each batch size in each
   regime, a descriptive stability measure.
+
+Raced trials (docs/methods.md, "Racing"): a trial's first step may be *unknown* (``NaN``), known
+only to be at least its ``unknown_from`` step. An order statistic is used only where it is
+determined (a known value no larger than every unknown's ``unknown_from``, :func:`kth_smallest`); otherwise the
+bound is ``None`` with a note. A resampled curve whose minimum at some batch size is not
+determined is left out of the regime shares, and a warning says how many were.
 """
 
 from __future__ import annotations
@@ -48,7 +54,12 @@ from batchlab.analysis.critical_batch_size import (
 from batchlab.analysis.curve import StepsCurve, curve_from_arrays
 from batchlab.analysis.definitions import REGISTRY
 from batchlab.analysis.selection import Selection
-from batchlab.analysis.steps_to_result import steps_to_result_many, trial_first_steps, trial_steps_by_batch_size
+from batchlab.analysis.steps_to_result import (
+    steps_to_result_many,
+    trial_first_steps,
+    trial_unknown_from_by_batch_size,
+    trial_steps_by_batch_size,
+)
 from batchlab.errors import BatchlabError
 
 REGIMES = (PERFECT_SCALING, DIMINISHING_RETURNS, MAXIMAL_DATA_PARALLELISM)
@@ -56,6 +67,7 @@ FIT_PARAMETERS = ("s_min", "e_min")
 
 STEPS_TARGET = "median of the best-of-K-trials steps at this batch size (K = n_trials)"
 STEPS_METHOD = "order statistic of the K trials' first qualifying steps (exact binomial coverage, distribution-free)"
+RACED_NOTE = "unknown: the {k} best trial was stopped by racing"
 STEPS_NOTE = ("one-sided: no distribution-free lower bound exists for the median of a minimum of K trials "
               "(the best trial lies below it only half the time)")
 FIT_TARGET = "parameter of the hyperbola S(B) = S_min + E_min / B that the measured minima scatter about"
@@ -63,16 +75,45 @@ FIT_METHOD = ("profile likelihood of the censored, bracket-weighted fit; scatter
               "from the residuals (F quantile), or the brackets alone (chi-square quantile)")
 
 
-def best_of_k_upper(values: np.ndarray, level: float) -> tuple[float | None, int | None, float | None]:
+def kth_smallest(values: np.ndarray, k: int, unknown_from: np.ndarray | None = None) -> float | None:
+    """The k-th smallest of ``values`` (1-based), or ``None`` when it is not determined.
+
+    ``values``: first steps, ``inf`` = not reached, ``NaN`` = unknown (a raced trial; its true value
+    is at least its entry in ``unknown_from``, aligned with ``values``). Without unknowns this is the
+    plain order statistic (possibly ``inf``). With unknowns it is determined only when the k-th
+    smallest known value is finite and no larger than every unknown's ``unknown_from`` (no unknown
+    then lies below it: the k-th smallest value is the same whatever they are);
+    ``unknown_from=None`` leaves it undetermined.
+    """
+    values = np.asarray(values, dtype=float)
+    unknown = np.isnan(values)
+    known = np.sort(values[~unknown])
+    if known.size < k:
+        return None
+    value = float(known[k - 1])
+    if not unknown.any():
+        return value
+    if unknown_from is None or not np.isfinite(value):
+        return None
+    bounds = np.asarray(unknown_from, dtype=float)[unknown]
+    if np.isnan(bounds).any() or value > bounds.min():
+        return None
+    return value
+
+
+def best_of_k_upper(values: np.ndarray, level: float,
+                    unknown_from: np.ndarray | None = None) -> tuple[float | None, int | None, float | None]:
     """Order-statistic upper bound for the median of the best-of-K distribution.
 
-    Returns ``(upper, k, coverage)``: the k-th smallest of the K ``values`` (``inf`` = not reached)
-    and its exact coverage; ``(None, None, best coverage)`` when no k reaches within 0.1 of
-    ``level`` (e.g. one trial) and ``upper = None`` when the k-th trial never reached the goal.
+    Returns ``(upper, k, coverage)``: the k-th smallest of the K ``values`` (``inf`` = not reached,
+    ``NaN`` = unknown, see :func:`kth_smallest`) and its exact coverage; ``(None, None, best
+    coverage)`` when no k reaches within 0.1 of ``level`` (e.g. one trial) and ``upper = None``
+    when the k-th trial never reached the goal or the k-th smallest is not determined (a raced
+    trial might lie below it).
     """
     from scipy.stats import binom
 
-    values = np.sort(np.asarray(values, dtype=float))
+    values = np.asarray(values, dtype=float)
     k_trials = values.size
     if k_trials == 0:
         return None, None, None
@@ -81,8 +122,8 @@ def best_of_k_upper(values: np.ndarray, level: float) -> tuple[float | None, int
     k = int(np.argmin(np.abs(coverage - level))) + 1
     if abs(coverage[k - 1] - level) > 0.1:
         return None, None, float(coverage[k - 1])
-    upper = values[k - 1]
-    return (float(upper) if np.isfinite(upper) else None), k, float(coverage[k - 1])
+    upper = kth_smallest(values, k, unknown_from)
+    return (upper if upper is not None and np.isfinite(upper) else None), k, float(coverage[k - 1])
 
 
 @dataclass(frozen=True)
@@ -96,7 +137,8 @@ class CriticalBatchSizeEstimate:
         intervals: ``{name: (low, high)}`` (``None`` = no bound on that side).
         level: the intervals' nominal coverage (e.g. 0.9).
         n_boot: trial-resampling replicates for the regime shares; n_failed: replicates with fewer
-            than two reached batch sizes (no regimes).
+            than two reached batch sizes (no regimes); n_undetermined: replicates left out because
+            raced trials leave a resampled minimum undetermined.
         seed: the resampling seed; tolerance: the regime tolerance.
         regimes: one dict per batch size (see :meth:`to_dict`).
         interval_notes: ``{name: {target, method, two_sided, note, ...}}`` for every interval.
@@ -117,6 +159,7 @@ class CriticalBatchSizeEstimate:
     interval_notes: dict[str, dict] = field(default_factory=dict)
     data_regimes: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    n_undetermined: int = 0
 
     def to_dict(self) -> dict:
         """JSON-ready summary (infinite values become ``None``)."""
@@ -145,7 +188,8 @@ class CriticalBatchSizeEstimate:
             "critical_batch_sizes": named,
             "fit_intervals": params,
             "level": self.level,
-            "bootstrap": {"n_boot": self.n_boot, "n_failed": self.n_failed, "level": self.level, "seed": self.seed},
+            "bootstrap": {"n_boot": self.n_boot, "n_failed": self.n_failed, "n_undetermined": self.n_undetermined,
+                          "level": self.level, "seed": self.seed},
             "tolerance": self.tolerance,
             "regimes": self.regimes,
             "data_regimes": self.data_regimes,
@@ -163,12 +207,14 @@ def bootstrap_critical_batch_size(
     steps_lower: Mapping[int, int | None] | None = None,
     censored_at: Mapping[int, int | None] | None = None,
     b0: float | None = None,
+    unknown_from: Mapping[int, np.ndarray] | None = None,
 ) -> CriticalBatchSizeEstimate:
     """Fit S(B) to all trials, with intervals (see the module docstring) and regime shares.
 
     Args:
         trial_steps: ``{batch_size: array of each selected trial's first qualifying step}``, ``inf``
-            for trials that never reached the goal; an empty array is a batch size without trials.
+            for trials that never reached the goal, ``NaN`` for raced trials whose first step is
+            unknown; an empty array is a batch size without trials.
         n_boot: trial-resampling replicates for the regime shares (>= 1).
         level: nominal coverage of the intervals, in (0, 1).
         seed: seed of the resampling (``numpy.random.default_rng``), an integer >= 0.
@@ -176,9 +222,14 @@ def bootstrap_critical_batch_size(
         steps_lower: ``{batch_size: steps_lower}`` of the best trial's bracket (``None``: exact).
         censored_at: ``{batch_size: censored_at}`` where no trial reached the goal.
         b0: batch size perfect scaling is measured from (default: the smallest reached one).
+        unknown_from: ``{batch_size: array aligned with trial_steps}``: the smallest step each unknown
+            (``NaN``) trial's first step can be (``NaN`` elsewhere; :func:`~batchlab.analysis.
+            steps_to_result.trial_first_steps`); without it an unknown leaves every order statistic
+            it could precede undetermined.
 
     Raises:
-        BatchlabError: bad ``n_boot``/``level``/``seed``, or fewer than two batch sizes reached the goal.
+        BatchlabError: bad ``n_boot``/``level``/``seed``, a batch size whose steps to result is not
+            determined (raced trials), or fewer than two batch sizes reached the goal.
     """
     if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 1:
         raise BatchlabError(f"n_boot must be a positive integer, got {n_boot!r}")
@@ -188,7 +239,15 @@ def bootstrap_critical_batch_size(
         raise BatchlabError(f"seed must be an integer >= 0, got {seed!r}")
     batch_sizes = np.array(sorted(int(b) for b in trial_steps), dtype=float)
     per_batch = [np.asarray(trial_steps[int(b)], dtype=float) for b in batch_sizes]
-    point_steps = np.array([s.min() if s.size else np.inf for s in per_batch])
+    bounds = [np.full(s.size, np.nan) if unknown_from is None or int(b) not in unknown_from
+              else np.asarray(unknown_from[int(b)], dtype=float) for b, s in zip(batch_sizes, per_batch)]
+    point = [kth_smallest(s, 1, lb) if s.size else np.inf for s, lb in zip(per_batch, bounds)]
+    undetermined = [int(b) for b, x in zip(batch_sizes, point) if x is None]
+    if undetermined:
+        raise BatchlabError(f"steps to result not determined at batch size(s) {undetermined}: raced trials stopped "
+                            "before any trial known to reach the goal (racing keeps only the best trials exact for "
+                            "its stop goal); analyse the stop goal or a looser one, or re-run without --race")
+    point_steps = np.array(point, dtype=float)
     lower = None
     if steps_lower is not None and any(steps_lower.get(int(b)) is not None for b in batch_sizes):
         lower = [steps_lower.get(int(b)) if np.isfinite(s) else None for b, s in zip(batch_sizes, point_steps)]
@@ -234,7 +293,10 @@ def bootstrap_critical_batch_size(
         notes[d.name] = dict(fit_note, note=None if np.isfinite(b_high) else "unbounded above: no plateau is required by the data")
     # regime shares from trial-resampled curves (descriptive)
     rng = np.random.default_rng(seed)
-    replicates = _resampled_steps(per_batch, n_boot, rng)
+    replicates = _resampled_steps(per_batch, n_boot, rng, bounds)
+    determined = ~np.isnan(replicates).any(axis=1)
+    n_undetermined = int(n_boot - determined.sum())
+    replicates = replicates[determined]
     unique, inverse = np.unique(replicates, axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)
     labels = []
@@ -254,12 +316,12 @@ def bootstrap_critical_batch_size(
             labels.append(None)
     per_rep = [labels[i] for i in inverse]
     good = [lab for lab in per_rep if lab is not None]
-    n_failed = n_boot - len(good)
+    n_failed = len(per_rep) - len(good)
     rows = []
     brackets = curve.brackets()
     censoring = curve.censoring()
     for j, batch in enumerate(batch_sizes):
-        upper, k, coverage = best_of_k_upper(per_batch[j], level)
+        upper, k, coverage = best_of_k_upper(per_batch[j], level, bounds[j])
         counts = {name: 0 for name in REGIMES}
         for lab in good:
             if lab[j] is not None:
@@ -267,6 +329,8 @@ def bootstrap_critical_batch_size(
         note = STEPS_NOTE
         if k is None and per_batch[j].size:
             note = f"no bound: with {per_batch[j].size} trial(s) no order statistic comes within 0.1 of the level"
+        elif k is not None and upper is None and kth_smallest(per_batch[j], k, bounds[j]) is None:
+            note = RACED_NOTE.format(k=_ordinal(k))
         elif k is not None and upper is None:
             note = f"unbounded: the {_ordinal(k)} best trial never reached the goal"
         rows.append(
@@ -276,6 +340,7 @@ def bootstrap_critical_batch_size(
                 "steps_lower": None if brackets[j] is None else brackets[j][0],
                 "censored_at": censoring[j],
                 "n_trials": int(per_batch[j].size),
+                "n_unknown": int(np.isnan(per_batch[j]).sum()),
                 "steps_interval": [None, None if upper is None else int(upper)],
                 "steps_interval_target": STEPS_TARGET,
                 "steps_interval_method": STEPS_METHOD,
@@ -291,8 +356,12 @@ def bootstrap_critical_batch_size(
     for key in (d.name for d in REGISTRY if d.source == "data"):
         if data[key]["value"] is None:
             warnings.append(f"{key}: {data[key]['reason']}")
-    if n_failed > 0.1 * n_boot:
-        warnings.append(f"{n_failed} of {n_boot} resampled curves had fewer than two reached batch sizes "
+    if n_undetermined:
+        warnings.append(f"{n_undetermined} of {n_boot} resampled curves are undetermined (racing: at some batch size "
+                        "the resampled trials held only raced trials stopped before any known to reach the goal); "
+                        f"regime shares use the other {n_boot - n_undetermined}")
+    if n_failed > 0.1 * len(per_rep):
+        warnings.append(f"{n_failed} of {len(per_rep)} resampled curves had fewer than two reached batch sizes "
                         f"or did not reach B0 = {data['b0']}")
     return CriticalBatchSizeEstimate(
         curve=curve,
@@ -308,6 +377,7 @@ def bootstrap_critical_batch_size(
         interval_notes=notes,
         data_regimes=data,
         warnings=tuple(warnings),
+        n_undetermined=n_undetermined,
     )
 
 
@@ -324,10 +394,13 @@ def critical_batch_size_with_intervals(
 
     Every batch size of the workload takes part (one without selected trials is never reached).
     Brackets (``steps_lower``) and censoring bounds (``censored_at``) come from the per-batch-size
-    results when the store provides them.
+    results when the store provides them; raced trials enter with their unknown first steps and
+    ``unknown_from`` bounds (:func:`~batchlab.analysis.steps_to_result.trial_first_steps`).
     """
     results = steps_to_result_many(con, [selection])[0]  # checks names, lists every batch size
-    steps = trial_steps_by_batch_size(trial_first_steps(con, selection))
+    frame = trial_first_steps(con, selection)
+    steps = trial_steps_by_batch_size(frame)
+    unknown_from = trial_unknown_from_by_batch_size(frame)
     trial_steps = {r.batch_size: steps.get(r.batch_size, np.empty(0)) for r in results}
     return bootstrap_critical_batch_size(
         trial_steps,
@@ -340,15 +413,29 @@ def critical_batch_size_with_intervals(
         steps_lower={r.batch_size: r.steps_lower for r in results},
         censored_at={r.batch_size: r.censored_at for r in results},
         b0=b0,
+        unknown_from={b: unknown_from[b] for b in trial_steps if b in unknown_from},
     )
 
 
-def _resampled_steps(per_batch: list[np.ndarray], n_boot: int, rng: np.random.Generator) -> np.ndarray:
-    """``(n_boot, n_batch)`` steps to result of resampled trials (min over a with-replacement draw)."""
+def _resampled_steps(per_batch: list[np.ndarray], n_boot: int, rng: np.random.Generator,
+                     bounds: list[np.ndarray] | None = None) -> np.ndarray:
+    """``(n_boot, n_batch)`` steps to result of resampled trials (min over a with-replacement draw).
+
+    A draw's minimum is ``NaN`` (undetermined) when it holds an unknown trial (``NaN``) whose
+    ``bounds`` entry (its ``unknown_from``; ``NaN``: none) is below the draw's smallest known value;
+    the random draws are the same with or without unknowns."""
     out = np.full((n_boot, len(per_batch)), np.inf)
     for j, steps in enumerate(per_batch):
         if steps.size:
-            out[:, j] = steps[rng.integers(0, steps.size, size=(n_boot, steps.size))].min(axis=1)
+            draw = rng.integers(0, steps.size, size=(n_boot, steps.size))
+            unknown = np.isnan(steps)
+            known_min = np.where(unknown, np.inf, steps)[draw].min(axis=1)
+            if not unknown.any():
+                out[:, j] = known_min
+                continue
+            lb = np.full(steps.size, np.nan) if bounds is None else np.asarray(bounds[j], dtype=float)
+            lb = np.where(unknown, np.where(np.isnan(lb), -np.inf, lb), np.inf)
+            out[:, j] = np.where(known_min <= lb[draw].min(axis=1), known_min, np.nan)
     return out
 
 

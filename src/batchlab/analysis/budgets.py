@@ -12,6 +12,15 @@ at any kept evaluation step of any selected trial (by default the ``COMPLETE`` a
 ``studies`` given: study ids or sweep ids). Trials of one batch size from more than one study
 definition are refused unless ``mix_studies`` (as in :mod:`batchlab.analysis.steps_to_result`).
 Ties go to the earlier step, then the lower trial id. NaN and infinite values are ignored.
+
+Bounded rows (a ``<metric>:bound`` flag at the same step, docs/methods.md, "Bounded measurements")
+hold a bound, not a value: they are skipped (never a best measurement).
+
+Raced studies (docs/methods.md, "Racing"): a ``RACED`` trial's curve ends at its ``steps``, so a
+best measurement over rows past that step would miss what the full protocol measured. The
+analysis refuses with one line naming the raced study when a selected RACED trial stopped before
+the budget ends (no budget: any selected RACED trial); a budget within every selected RACED
+trial's ``steps`` (``S <= steps``, or ``E // B <= steps``) reads complete curves and is exact.
 """
 
 from __future__ import annotations
@@ -95,6 +104,7 @@ def best_measurement(
     _check(con, workload, metric, statuses, max_trials=max_trials, step_budget=step_budget, example_budget=example_budget)
     params = _params(con, workload, metric, maximize, max_trials, statuses, studies, mix_studies)
     params |= {"step_budget": step_budget, "example_budget": example_budget}
+    _check_raced(con, params)
     rows = _execute(con, _BEST_SQL, params).fetchall()
     return [
         BestMeasurement(
@@ -130,6 +140,8 @@ def best_measurement_by_budget(
     _check(con, workload, metric, statuses, max_trials=max_trials)
     budgets = tuple(sorted(set(int(b) for b in budgets)))
     params = _params(con, workload, metric, maximize, max_trials, statuses, studies, mix_studies)
+    _check_raced(con, params | {"step_budget": budgets[-1] if kind == "step" else None,
+                                "example_budget": budgets[-1] if kind == "example" else None})
     params |= {"budgets": list(budgets), "by_examples": kind == "example"}
     rows = _execute(con, _SWEEP_SQL, params).fetchall()
     batch_sizes = tuple(sorted({int(b) for _, b, _ in rows}))
@@ -160,6 +172,27 @@ def _params(con, workload, metric, maximize, max_trials, statuses, studies, mix_
             selection = Selection(workload=workload, metric=metric, goal=0.0, statuses=tuple(statuses))
             raise mixed_studies_error(selection, int(mixed[0]), sorted(mixed[1]), study_definitions(con, workload))
     return params
+
+
+def _check_raced(con, params: dict) -> None:
+    """Refuse (one line) when a selected RACED trial stopped before the budget ends (module docstring)."""
+    row = _execute(con, _RACED_SQL, params).fetchone()
+    if row is None:
+        return
+    study_id, batch_size, trial_id, steps, min_steps, min_examples = row
+    if params.get("step_budget") is not None:
+        budget = f"step budget {params['step_budget']}"
+    elif params.get("example_budget") is not None:
+        budget = f"example budget {params['example_budget']}"
+    else:
+        budget = "no budget (whole curves)"
+    study = f"raced study {study_id}" if study_id is not None else "a raced study"
+    raise BatchlabError(
+        f"workload {params['workload']!r} batch size {batch_size}: {study} stopped trial {trial_id} at step {steps} "
+        f"(RACED: it could no longer be among the best), so the best measurement under {budget} is unknown; "
+        f"re-run the study without --race, or use a step budget <= {min_steps} or an example budget <= "
+        f"{min_examples} (every raced curve is complete there)"
+    )
 
 
 def _max_trials(con, params: dict, max_trials) -> int | None:
@@ -215,7 +248,7 @@ def _check_positive_int(name: str, value) -> None:
 
 # Trials of the workload with a selected status, from the selected studies.
 _CANDIDATES = """
-    SELECT batch_size, trial_id, parameters, study_id FROM {trials}
+    SELECT batch_size, trial_id, parameters, study_id, status, steps FROM {trials}
     WHERE workload = $workload AND list_contains($statuses, status)
       AND (CAST($study_ids AS VARCHAR[]) IS NULL OR list_contains(CAST($study_ids AS VARCHAR[]), study_id))
 """
@@ -245,8 +278,8 @@ GROUP BY batch_size HAVING count(DISTINCT study_id) > 1 ORDER BY batch_size LIMI
 _ROWS_CTE = (
     """
 WITH chosen AS (
-    SELECT batch_size, trial_id, parameters FROM (
-        SELECT batch_size, trial_id, parameters,
+    SELECT batch_size, trial_id, parameters, study_id, status, steps FROM (
+        SELECT batch_size, trial_id, parameters, study_id, status, steps,
                row_number() OVER (PARTITION BY batch_size ORDER BY trial_id) AS rank
         FROM ("""
     + _CANDIDATES
@@ -257,12 +290,31 @@ kept AS (
     SELECT m.batch_size, m.trial_id, m.step, m.value, c.parameters
     FROM measurements AS m JOIN chosen AS c USING (batch_size, trial_id)
     WHERE m.workload = $workload AND m.metric = $metric AND isfinite(m.value)
+      AND NOT EXISTS (  -- a bounded row holds a bound, not a value
+          SELECT 1 FROM measurements AS f
+          WHERE f.workload = $workload AND f.metric = $metric || ':bound'
+            AND f.batch_size = m.batch_size AND f.trial_id = m.trial_id AND f.step = m.step)
 ),
 batch_sizes AS (
     SELECT batch_size FROM {trials} WHERE workload = $workload
       AND (CAST($study_ids AS VARCHAR[]) IS NULL OR list_contains(CAST($study_ids AS VARCHAR[]), study_id))
     UNION SELECT batch_size FROM studies WHERE workload = $workload AND CAST($study_ids AS VARCHAR[]) IS NULL
 )
+"""
+)
+
+# The first selected RACED trial whose curve ends before the budget does (none: every curve the
+# budget reads is complete), with the smallest step and example budgets within every raced curve.
+_RACED_SQL = (
+    _ROWS_CTE
+    + """,
+raced AS (SELECT * FROM chosen WHERE status = 'RACED')
+SELECT study_id, batch_size, trial_id, steps,
+       (SELECT min(steps) FROM raced), (SELECT min(batch_size * steps) FROM raced)
+FROM raced
+WHERE NOT coalesce(CAST($step_budget AS BIGINT) <= steps, false)
+  AND NOT coalesce(CAST($example_budget AS BIGINT) // batch_size <= steps, false)
+ORDER BY batch_size, trial_id LIMIT 1
 """
 )
 

@@ -7,7 +7,9 @@
   batch size ``B0`` with a value ``y0``: **linear** ``y0 * B / B0`` and **square root**
   ``y0 * sqrt(B / B0)``.
 * :func:`trial_outcomes` labels every trial of a workload for the (η, 1−γ) scatter: ``reached`` or
-  ``not_reached`` for the selected trials, ``diverged`` for ``INFEASIBLE`` ones.
+  ``not_reached`` for the selected trials, ``raced`` for ``RACED`` ones that did not reach the goal
+  in their recorded rows (stopped by racing: they could not beat the best; whether they would
+  have reached the goal later is unknown), ``diverged`` for ``INFEASIBLE`` ones.
 * :func:`search_edge_warnings` flags every best trial whose value of a searched parameter lies in the
   outer :data:`EDGE_FRACTION` (10%) of that parameter's searched range, measured in the parameter's own
   scale (docs/methods.md, "Search-edge warnings"): there the result may be limited by the search
@@ -47,7 +49,7 @@ from batchlab.analysis.tables import view_columns
 from batchlab.errors import BatchlabError
 
 METAPARAMETERS = ("learning_rate", "momentum", "effective_learning_rate")
-REACHED, NOT_REACHED, DIVERGED = "reached", "not_reached", "diverged"
+REACHED, NOT_REACHED, RACED, DIVERGED = "reached", "not_reached", "raced", "diverged"
 EDGE_FRACTION = 0.1
 """The outer fraction of a searched range (in the parameter's own scale) that counts as its edge."""
 LOW, HIGH = "low", "high"
@@ -147,16 +149,19 @@ def optimal_metaparameters(
 
 
 def trial_outcomes(con: duckdb.DuckDBPyConnection, selection: Selection) -> pd.DataFrame:
-    """Every trial behind the (η, 1−γ) scatter, labelled ``reached``, ``not_reached`` or ``diverged``.
+    """Every trial behind the (η, 1−γ) scatter, labelled ``reached``, ``not_reached``, ``raced`` or
+    ``diverged``.
 
     The selected trials (the selection's status, study and max-trials rules) are ``reached`` or
-    ``not_reached``; ``INFEASIBLE`` trials (of the selected studies) are ``diverged``. When
+    ``not_reached``, except ``RACED`` trials that did not reach the goal in their recorded rows:
+    ``raced`` (stopped by racing, could not beat the best; never counted as not reached);
+    ``INFEASIBLE`` trials (of the selected studies) are ``diverged``. When
     ``INFEASIBLE`` is not among the selected statuses and a first-N rule applies at a batch size
     (a numeric ``max_trials``, or ``"auto"`` where it resolves to the paper's N), only diverged trials
     with ids up to the last selected trial's id there are kept (those the search ran before stopping).
 
     Columns: ``batch_size``, ``trial_id``, ``status``, ``outcome``, ``best`` (the best trial of its
-    batch size), ``first_step`` (NaN if not reached), ``learning_rate``, ``momentum``,
+    batch size), ``first_step`` (NaN if not reached or unknown), ``learning_rate``, ``momentum``,
     ``effective_learning_rate`` (NaN where a parameter is absent). Sorted by batch size and trial id.
     """
     check_selection(con, selection)
@@ -184,11 +189,13 @@ def trial_outcomes(con: duckdb.DuckDBPyConnection, selection: Selection) -> pd.D
     else:
         frame = chosen
     frame = frame.sort_values(["batch_size", "trial_id"], ignore_index=True)
-    frame["outcome"] = np.where(
-        frame["status"] == "INFEASIBLE", DIVERGED, np.where(frame["first_step"].notna(), REACHED, NOT_REACHED)
+    known = np.isfinite(frame["first_step"].to_numpy(dtype=float))
+    frame["first_step"] = frame["first_step"].where(known)  # NaN: not reached, or unknown (raced)
+    frame["outcome"] = np.select(
+        [frame["status"] == "INFEASIBLE", known, frame["status"] == "RACED"], [DIVERGED, REACHED, RACED], NOT_REACHED
     )
     frame["best"] = False
-    reached = frame[frame["first_step"].notna()].sort_values(["batch_size", "first_step", "trial_id"])
+    reached = frame[known].sort_values(["batch_size", "first_step", "trial_id"])
     frame.loc[reached.groupby("batch_size").head(1).index, "best"] = True
     parameters = [json.loads(p) if isinstance(p, str) and p else {} for p in frame["parameters"]]
     frame["learning_rate"] = [_as_float(p.get("learning_rate")) for p in parameters]

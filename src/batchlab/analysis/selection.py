@@ -33,6 +33,11 @@ from batchlab.errors import BatchlabError, unknown_name_error
 
 MAX_TRIALS_WORDS = ("all", "auto")
 
+#: Suffix of the flag rows of bounded measurements: ``<metric>:bound`` at a step holds ``+1.0``
+#: (the ``<metric>`` row there is a lower bound) or ``-1.0`` (an upper bound); docs/methods.md,
+#: "Bounded measurements". Flags, not metrics: metric listings skip them.
+BOUND_SUFFIX = ":bound"
+
 # Source of trials imported from the batch_science release (batchlab.store.batch_science_import).
 RELEASE_SOURCE = "batch_science"
 
@@ -128,11 +133,18 @@ def unknown_workload_error(workload: str, known) -> BatchlabError:
 
 
 def metric_names(con: duckdb.DuckDBPyConnection, workload: str) -> list[str]:
-    """Every metric measured for ``workload``, sorted (a scan of that workload's measurements)."""
+    """Every metric measured for ``workload``, sorted (a scan of that workload's measurements); the
+    bound flags ``<metric>:bound`` (:data:`BOUND_SUFFIX`) are not metrics and are left out."""
     rows = con.execute(
-        "SELECT DISTINCT metric FROM measurements WHERE workload = ? ORDER BY metric", [workload]
+        "SELECT DISTINCT metric FROM measurements WHERE workload = ? AND NOT suffix(metric, ?) ORDER BY metric",
+        [workload, BOUND_SUFFIX],
     ).fetchall()
     return [row[0] for row in rows]
+
+
+def is_bound_flag(metric: str) -> bool:
+    """Whether ``metric`` names the bound flags of another metric (``<metric>:bound``)."""
+    return str(metric).endswith(BOUND_SUFFIX)
 
 
 def check_selection(con: duckdb.DuckDBPyConnection, selection: Selection) -> None:
@@ -143,6 +155,10 @@ def check_selection(con: duckdb.DuckDBPyConnection, selection: Selection) -> Non
     known = workload_names(con)
     if selection.workload not in known:
         raise unknown_workload_error(selection.workload, known)
+    if is_bound_flag(selection.metric):
+        metrics = metric_names(con, selection.workload)
+        raise BatchlabError(f"metric {selection.metric!r} holds the bound flags of {selection.metric[:-len(BOUND_SUFFIX)]!r}, "
+                            f"not a metric; allowed: {', '.join(metrics)}")
     found = con.execute(
         "SELECT 1 FROM measurements WHERE workload = ? AND metric = ? LIMIT 1", [selection.workload, selection.metric]
     ).fetchone()
@@ -199,6 +215,9 @@ def describe_study(study_id: str, definition: dict) -> str:
     stop = definition.get("stop_rule")
     if isinstance(stop, dict) and stop.get("metric") is not None:
         parts.append(f"stop at {stop['metric']} {'>' if stop.get('maximize') else '<'} {stop.get('goal')}")
+    race = definition.get("race")
+    if isinstance(race, dict):
+        parts.append(f"raced, keep {race.get('keep')}")
     if definition.get("seed") is not None:
         parts.append(f"seed {definition['seed']}")
     if definition.get("sweep") is not None:

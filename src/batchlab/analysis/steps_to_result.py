@@ -27,6 +27,24 @@ each one's first qualifying evaluation (0 when there was none before). Where no 
 goal, ``censored_at`` is the smallest last evaluated step (within the budget) over the selected
 trials: the steps to result is larger than that.
 
+Raced trials (status ``RACED``, docs/methods.md, "Racing"). A RACED trial was stopped at a full
+evaluation step ``steps`` once it could no longer be among its study's ``keep`` best trials; its
+rows are the full protocol's up to ``steps``. If one of them qualifies, its first qualifying step is
+known exactly; if none does, its first step is *unknown*: larger than ``steps``, and at least the
+race's bound (the step of the ``keep``-th best trial's key for the stop goal, ties at it going to the
+kept trials; :func:`race_bounds`), unless the step or example budget ends at or before ``steps``
+(then every row within the budget is there and it is an ordinary "not reached"). The minimum over
+trials is exact when the best known key precedes every unknown trial's smallest possible key
+(racing guarantees this for its stop goal and looser goals); otherwise the result is not
+determined and the analysis refuses with one line (:func:`check_raced`), never reporting a value
+or "not reached".
+
+Bounded rows (docs/methods.md, "Bounded measurements"). A row ``<metric>:bound`` at the same step
+flags the row ``<metric>`` as a bound: ``+1`` the true value is ``>=`` the stored one, ``-1`` it is
+``<=``. A bounded row counts only when the bound decides the goal: lower is better and an upper
+bound below the goal qualifies, a lower bound at or above the goal misses; with ``maximize`` the
+mirror. Any other bounded row is ignored (neither a hit, a miss nor a last evaluation).
+
 Everything runs as one DuckDB query over the ``measurements`` view, so all workloads (or several
 goals) are answered together: one narrowed scan per selection whose constant filters DuckDB pushes
 into the Parquet reader, so row groups of other workloads and metrics are skipped; the rows are
@@ -50,6 +68,7 @@ import pyarrow as pa
 
 from batchlab.analysis.curve import StepsCurve
 from batchlab.analysis.selection import (
+    BOUND_SUFFIX,
     RELEASE_SOURCE,
     Selection,
     check_selection,
@@ -85,9 +104,14 @@ class BatchSizeResult:
             one's first qualifying evaluation (0 when none came before); ``None`` if not reached.
         censored_at: not reached: the smallest last evaluated step (within the budget) among the
             selected trials, so the steps to result is larger; ``None`` if reached or no trial has
-            an evaluation of the metric.
+            an evaluation of the metric. (A RACED trial's rows end at its ``steps``, so on a raced
+            study this can be smaller than the full protocol's: still a true lower bound.)
         study_ids: the studies the selected trials came from (sorted; empty when the store records none).
         max_trials: the N of the first-N rule used (``None``: every selected trial).
+        n_raced: how many of the selected trials are ``RACED`` (stopped by racing; counted in
+            ``n_trials``; ``n_reached`` counts only trials known to have reached the goal).
+        value_bound: ``None`` when ``value`` is exact; ``-1`` (upper bound) or ``+1`` (lower bound)
+            when the reaching evaluation was stored as a bound (docs/methods.md, "Bounded measurements").
     """
 
     workload: str
@@ -102,6 +126,8 @@ class BatchSizeResult:
     censored_at: int | None = None
     study_ids: list[str] = field(default_factory=list)
     max_trials: int | None = None
+    n_raced: int = 0
+    value_bound: int | None = None
 
     @property
     def reached(self) -> bool:
@@ -146,6 +172,8 @@ class BatchSizeResult:
             "examples": None if self.steps is None else self.steps * self.batch_size,
             "n_trials": self.n_trials,
             "n_reached": self.n_reached,
+            "n_raced": self.n_raced,
+            "value_bound": self.value_bound,
             "max_trials": self.max_trials,
             "study_ids": list(self.study_ids),
             "mixed_studies": self.mixed_studies,
@@ -182,8 +210,9 @@ def steps_to_result(
     Raises:
         BatchlabError: unknown workload, metric or study (the message lists what exists), a bad
             goal, budget, ``max_trials`` or status, trials of one batch size from several studies
-            without ``mix_studies``, stopped trials that cannot answer the goal, or (``max_trials=
-            "auto"``) a release batch size with fewer trials than the paper's N.
+            without ``mix_studies``, stopped trials that cannot answer the goal, raced trials that
+            leave the minimum undetermined (:func:`check_raced`), or (``max_trials="auto"``) a
+            release batch size with fewer trials than the paper's N.
     """
     selection = Selection(
         workload=workload,
@@ -211,7 +240,8 @@ def steps_to_result_many(
     what exists; the metric is looked up only for selections where nothing reached the goal, so the
     check costs nothing on the common path. ``check=False`` returns all-unreached results instead.
     The study rules (one study per batch size unless ``mix_studies``, stopped trials only for goals
-    their stop rule covers, the paper's trial count under ``max_trials="auto"``) are checked either way.
+    their stop rule covers, the paper's trial count under ``max_trials="auto"``) and the racing rule
+    (:func:`check_raced`) are checked either way.
     """
     if not selections:
         return []
@@ -225,11 +255,15 @@ def steps_to_result_many(
     rows = _query(con, selections, _BEST_SQL, study_ids=study_ids)
     results: list[list[BatchSizeResult]] = [[] for _ in selections]
     checks: list[list[tuple]] = [[] for _ in selections]
+    raced: list[list[tuple]] = [[] for _ in selections]
     for (sel_id, batch_size, steps, trial_id, value, parameters, n_trials, n_reached, steps_lower, censored_at,
-         ids, stopped_ids, n_available, n_used) in rows:
+         ids, stopped_ids, n_available, n_used, value_bound, n_raced, unknown) in rows:
         reached = steps is not None
         ids = sorted(ids or [])
         checks[sel_id].append((int(batch_size), ids, sorted(stopped_ids or []), int(n_available), n_used))
+        if unknown:
+            raced[sel_id].append((int(batch_size), (int(steps), int(trial_id)) if reached else None,
+                                  [(int(t), int(x), sid) for t, x, sid in unknown]))
         results[sel_id].append(
             BatchSizeResult(
                 workload=selections[sel_id].workload,
@@ -244,6 +278,8 @@ def steps_to_result_many(
                 censored_at=None if reached or censored_at is None else int(censored_at),
                 study_ids=ids,
                 max_trials=None if n_used is None else int(n_used),
+                n_raced=int(n_raced or 0),
+                value_bound=int(value_bound) if reached and value_bound is not None else None,
             )
         )
     if check:
@@ -252,6 +288,8 @@ def steps_to_result_many(
                 check_selection(con, selection)
     for selection, per_batch in zip(selections, checks):
         check_study_rules(con, selection, per_batch)
+    for selection, per_batch in zip(selections, raced):
+        check_raced(con, selection, per_batch)
     return results
 
 
@@ -285,16 +323,128 @@ def check_study_rules(con: duckdb.DuckDBPyConnection, selection: Selection, per_
                 raise stop_rule_error(selection, batch_size, study_id, problem, stop_rule)
 
 
+def race_bounds(con: duckdb.DuckDBPyConnection, workload: str, study_ids) -> dict[tuple[str, int], int]:
+    """``{(study_id, batch_size): b}`` for the raced studies among ``study_ids``: ``b`` is the step of the
+    ``keep``-th smallest key ``(first step meeting the stop goal, trial id)`` over the study's
+    ``COMPLETE`` and ``STOPPED_AT_GOAL`` trials at that batch size (the race's final bound).
+
+    Racing stopped a trial after an evaluation only when the next step at which it could first meet
+    the goal, paired with its id, was past the race's bound then (never smaller than this final one;
+    :mod:`batchlab.train.race`). So a RACED trial's first step meeting *any* goal of a metric read at
+    those evaluations is ``>= b``, and ties at ``b`` go to the kept trials. Studies without a ``race``
+    entry or a stop rule in their definition, or with fewer than ``keep`` trials meeting the stop
+    goal, have no bound (left out).
+    """
+    definitions = study_definitions(con, workload)
+    selections, keeps = [], []
+    for sid in sorted({str(x) for x in study_ids if x is not None}):
+        definition = definitions.get(sid, {})
+        race, stop = definition.get("race"), definition.get("stop_rule")
+        if not isinstance(race, dict) or not isinstance(stop, dict) or stop.get("metric") is None:
+            continue
+        try:
+            keep = int(race.get("keep", 2))
+            selections.append(Selection(workload=workload, metric=str(stop["metric"]), goal=float(stop["goal"]),
+                                        maximize=bool(stop.get("maximize")), statuses=("COMPLETE", "STOPPED_AT_GOAL"),
+                                        studies=(sid,)))
+        except (TypeError, ValueError, BatchlabError):
+            continue  # an unreadable race or stop rule: no bound
+        keeps.append(keep)
+    if not selections:
+        return {}
+    rows = _query(con, selections, _PER_TRIAL_SQL, study_ids=[s.studies for s in selections])
+    keys: dict[tuple[int, int], list] = {}
+    for sel_id, batch_size, trial_id, first_step, *_ in rows:
+        if first_step is not None:
+            keys.setdefault((int(sel_id), int(batch_size)), []).append((int(first_step), int(trial_id)))
+    out = {}
+    for (sel_id, batch_size), found in keys.items():
+        keep = keeps[sel_id]
+        if keep >= 1 and len(found) >= keep:
+            out[(selections[sel_id].studies[0], batch_size)] = sorted(found)[keep - 1][0]
+    return out
+
+
+def check_raced(con: duckdb.DuckDBPyConnection, selection: Selection, per_batch: Sequence[tuple],
+                bounds: dict | None = None) -> dict:
+    """Raise a one-line :class:`BatchlabError` where raced trials leave the steps to result undetermined.
+
+    ``per_batch``: ``(batch_size, best, unknown)`` for the batch sizes with selected ``RACED`` trials
+    whose first qualifying step is unknown; ``best`` is the smallest known key ``(first step, trial
+    id)`` (``None``: no trial is known to reach the goal) and ``unknown`` lists ``(trial_id, steps,
+    study_id)`` of those trials. An unknown trial's first step is ``> steps`` and ``>=`` its study's
+    race bound (:func:`race_bounds`, ties at the bound going to the kept trials). The minimum is
+    exact when ``best`` precedes every unknown trial's smallest possible key: always so for the
+    race's stop goal and looser goals. Otherwise (a stricter goal, another metric, a first-N rule
+    or status choice that left the kept trials out, ...) an unknown trial might have met the goal
+    first, and the analysis refuses instead of reporting a value or "not reached".
+
+    Under a step or example budget that ends before an unknown trial's race bound, the trial cannot
+    meet the goal within the budget: it is an ordinary "not reached" there.
+
+    Returns the race bounds it read (``bounds`` when given), for :func:`trial_first_steps`.
+    """
+    for batch_size, best, unknown in per_batch:
+        early = []
+        limit = budget_limit(selection, batch_size)
+        for trial_id, steps, sid in unknown:
+            if best is not None and best[0] <= steps:
+                continue
+            if bounds is None:
+                bounds = race_bounds(con, selection.workload, {x for _, _, u in per_batch for _, _, x in u})
+            bound = bounds.get((sid, batch_size))
+            if bound is not None and limit is not None and bound > limit:
+                continue  # its first step is past the budget
+            if best is not None and bound is not None and best < (bound, trial_id):
+                continue
+            early.append((steps, trial_id, sid))
+        if not early:
+            continue
+        steps, trial_id, sid = sorted(early)[0]
+        definition = study_definitions(con, selection.workload).get(sid, {}) if sid is not None else {}
+        race = definition.get("race") if isinstance(definition.get("race"), dict) else {}
+        stop = definition.get("stop_rule")
+        rule = ""
+        if isinstance(stop, dict) and stop.get("metric") is not None and stop.get("goal") is not None:
+            rule = f", stop goal {stop['metric']} {'>' if stop.get('maximize') else '<'} {float(stop['goal']):g}"
+        study = f"raced study {sid} (keep {race.get('keep', '?')}{rule})" if sid is not None else "a raced study"
+        known = (f"before the best known trial reached it ({best[0]} steps)" if best is not None
+                 else "and no selected trial is known to reach it")
+        sign = ">" if selection.maximize else "<"
+        raise BatchlabError(
+            f"workload {selection.workload!r} batch size {batch_size}: steps to {selection.metric} {sign} "
+            f"{float(selection.goal):g} is not determined: {len(early)} RACED trial(s) of {study}, e.g. trial "
+            f"{trial_id}, stopped at step {steps} without meeting it {known}, and racing keeps only the best "
+            "trials exact for the stop goal; allowed: the stop goal or a looser one (same metric and direction), "
+            "every trial of the study (no first-N cut or status filter), or re-run the study without --race"
+        )
+    return {} if bounds is None else bounds
+
+
+def budget_limit(selection: Selection, batch_size: int) -> int | None:
+    """The last step the selection's step or example budget admits at ``batch_size`` (``None``: no budget)."""
+    limits = [x for x in (selection.step_budget,
+                          None if selection.example_budget is None else selection.example_budget // int(batch_size))
+              if x is not None]
+    return min(limits) if limits else None
+
+
 def trial_first_steps(con: duckdb.DuckDBPyConnection, selection: Selection) -> "pandas.DataFrame":  # noqa: F821
     """Every selected trial with its first qualifying step, one row per trial.
 
-    Columns: ``batch_size``, ``trial_id``, ``first_step`` (float, NaN when the trial never reached the
-    goal within the budget), ``value`` (the metric there), ``parameters`` (JSON text), ``status``,
-    ``study_id``, ``prev_step`` (float: the evaluation step before ``first_step``, 0 when none; NaN
-    when not reached) and ``last_step`` (float: the trial's last evaluation of the metric within the
-    budget; NaN when it has none). Sorted by batch size and trial id. This is the per-trial table
-    behind :func:`steps_to_result` (used by the bootstrap and the metaparameter scatter); it applies
-    the same study rules (:func:`check_study_rules`).
+    Columns: ``batch_size``, ``trial_id``, ``first_step`` (float: ``inf`` when the trial did not
+    reach the goal within the budget, ``NaN`` when that is *unknown*: a ``RACED`` trial whose
+    recorded rows do not meet the goal, see the module docstring), ``value`` (the metric there),
+    ``value_bound`` (NaN when ``value`` is exact, else the bound flag ``-1``/``+1`` of that row),
+    ``parameters`` (JSON text), ``status``, ``study_id``, ``prev_step`` (float: the evaluation step
+    before ``first_step``, 0 when none; NaN when not reached or unknown), ``last_step`` (float: the
+    trial's last evaluation of the metric within the budget; NaN when it has none) and
+    ``raced_at`` (float: a RACED trial's ``steps``, after which its rows end; NaN for other
+    trials) and ``unknown_from`` (float, where ``first_step`` is unknown: the smallest step it can
+    be, ``max(raced_at + 1, race bound)`` with the study's race bound of :func:`race_bounds`; NaN
+    elsewhere; an unknown whose ``unknown_from`` is past the budget is ``inf``, not reached). Sorted by batch size and trial id. This is the per-trial table behind
+    :func:`steps_to_result` (used by the bootstrap and the metaparameter scatter); it applies the
+    same study rules (:func:`check_study_rules`) and racing rule (:func:`check_raced`).
     """
     import pandas as pd
 
@@ -310,9 +460,30 @@ def trial_first_steps(con: duckdb.DuckDBPyConnection, selection: Selection) -> "
         n_used = None if pd.isna(n_used) else int(n_used)
         per_batch.append((int(batch_size), ids, stopped, int(group["n_available"].iloc[0]), n_used))
     check_study_rules(con, selection, per_batch)
-    frame = frame.drop(columns=["sel_id", "n_available", "n_used"])
-    for column in ("first_step", "value", "prev_step", "last_step"):
+    for column in ("first_step", "value", "value_bound", "prev_step", "last_step", "raced_at"):
         frame[column] = frame[column].astype(float)
+    unknown = frame["unknown"].fillna(False).astype(bool).to_numpy()
+    raced = []
+    for batch_size, group in frame.groupby("batch_size", sort=True):
+        here = group[group["unknown"].fillna(False).astype(bool)]
+        if here.empty:
+            continue
+        known = group[group["first_step"].notna()]
+        best = None if known.empty else min(zip(known["first_step"].astype(int), known["trial_id"].astype(int)))
+        raced.append((int(batch_size), best, [(int(t), int(x), sid if isinstance(sid, str) else None)
+                                              for t, x, sid in zip(here["trial_id"], here["raced_at"], here["study_id"])]))
+    bounds = check_raced(con, selection, raced)
+    if unknown.any() and not bounds:
+        bounds = race_bounds(con, selection.workload, set(frame.loc[unknown, "study_id"].dropna()))
+    bound = np.array([bounds.get((sid, int(b)), np.nan) if isinstance(sid, str) else np.nan
+                      for sid, b in zip(frame["study_id"], frame["batch_size"])], dtype=float)
+    unknown_from = np.where(unknown, np.fmax(frame["raced_at"].to_numpy() + 1, bound), np.nan)
+    limit = np.array([np.nan if (x := budget_limit(selection, b)) is None else x for b in frame["batch_size"]], dtype=float)
+    past = unknown & (unknown_from > limit)  # cannot meet the goal within the budget: not reached
+    unknown &= ~past
+    frame["unknown_from"] = np.where(unknown, unknown_from, np.nan)
+    frame["first_step"] = np.where(unknown, np.nan, frame["first_step"].fillna(np.inf))
+    frame = frame.drop(columns=["sel_id", "n_available", "n_used", "unknown"])
     return frame.reset_index(drop=True)
 
 
@@ -341,15 +512,26 @@ def steps_curve(results: Sequence[BatchSizeResult], label: str | None = None, me
 
 
 def trial_steps_by_batch_size(frame) -> dict[int, np.ndarray]:
-    """``{batch_size: first qualifying step of each selected trial}`` from :func:`trial_first_steps`.
+    """``{batch_size: first qualifying step of each selected trial}`` from :func:`trial_first_steps`,
+    in trial-id order.
 
-    Trials that never reached the goal are ``inf``. Batch sizes without any selected trial are not
-    in ``frame`` and so not in the result; callers that need them add empty arrays.
+    Trials that never reached the goal are ``inf``; raced trials whose first step is unknown stay
+    ``NaN`` (never ``inf``: they might have reached it). Batch sizes without any selected trial are
+    not in ``frame`` and so not in the result; callers that need them add empty arrays.
     """
     out: dict[int, np.ndarray] = {}
     for batch_size, group in frame.groupby("batch_size", sort=True):
-        steps = group.sort_values("trial_id")["first_step"].to_numpy(dtype=float)
-        out[int(batch_size)] = np.where(np.isnan(steps), np.inf, steps)
+        out[int(batch_size)] = group.sort_values("trial_id")["first_step"].to_numpy(dtype=float)
+    return out
+
+
+def trial_unknown_from_by_batch_size(frame) -> dict[int, np.ndarray]:
+    """``{batch_size: unknown_from of each selected trial}`` from :func:`trial_first_steps`, aligned
+    with :func:`trial_steps_by_batch_size`: the smallest step an unknown first step can be (``NaN``
+    for trials whose first step is known)."""
+    out: dict[int, np.ndarray] = {}
+    for batch_size, group in frame.groupby("batch_size", sort=True):
+        out[int(batch_size)] = group.sort_values("trial_id")["unknown_from"].to_numpy(dtype=float)
     return out
 
 
@@ -359,7 +541,8 @@ def trial_steps_by_batch_size(frame) -> dict[int, np.ndarray]:
 _PER_TRIAL_CTE = """
 WITH sel AS (SELECT * FROM {selections}),
 candidates AS (
-    SELECT sel.sel_id, t.batch_size, t.trial_id, t.parameters, t.status, t.study_id, t.source
+    SELECT sel.sel_id, t.batch_size, t.trial_id, t.parameters, t.status, t.study_id, t.source,
+           t.steps AS trial_steps
     FROM sel JOIN {trials} AS t ON t.workload = sel.workload
     WHERE list_contains(sel.statuses, t.status)
       AND (sel.study_ids IS NULL OR list_contains(sel.study_ids, t.study_id))
@@ -380,8 +563,24 @@ ranked AS (
     FROM candidates AS c JOIN trial_rule AS r ON r.sel_id = c.sel_id
 ),
 chosen AS (
-    SELECT sel_id, batch_size, trial_id, parameters, status, study_id, n_available, n_used FROM ranked
+    SELECT sel_id, batch_size, trial_id, parameters, status, study_id, n_available, n_used, trial_steps FROM ranked
     WHERE n_used IS NULL OR rank <= n_used
+),
+raw AS ({scans}),
+flagged AS (
+    -- the bound flags (``<metric>:bound`` rows) the scans read beside their metric: usually none
+    SELECT sel_id, batch_size, trial_id, step, any_value(value) AS bound
+    FROM raw WHERE is_flag GROUP BY sel_id, batch_size, trial_id, step
+),
+scanned AS (
+    -- the metric's rows with their bound flag; a bounded row is kept only when the bound decides
+    -- the goal (see _scans_sql)
+    SELECT r.sel_id, r.batch_size, r.trial_id, r.step, r.value, r.hit, f.bound
+    FROM raw AS r LEFT JOIN flagged AS f
+      ON f.sel_id = r.sel_id AND f.batch_size = r.batch_size AND f.trial_id = r.trial_id AND f.step = r.step
+    WHERE NOT r.is_flag
+      AND (f.bound IS NULL OR (r.hit AND f.bound = r.hit_flag)
+           OR (NOT r.hit AND isfinite(r.value) AND f.bound = -r.hit_flag))
 ),
 evals AS (
     -- per trial (all trials of the selection's workload): the earliest qualifying evaluation step
@@ -392,19 +591,28 @@ evals AS (
     SELECT m.sel_id, m.batch_size, m.trial_id,
            min(m.step) FILTER (WHERE m.hit) AS first_step,
            arg_min(m.value, m.step) FILTER (WHERE m.hit) AS value,
+           -- 0: exact (arg_min skips NULL args, so the flag is coalesced first)
+           arg_min(coalesce(m.bound, 0), m.step) FILTER (WHERE m.hit) AS value_bound,
            max(m.step) AS last_step,
            list(m.step) FILTER (WHERE m.hit IS NOT TRUE) AS misses
-    FROM ({scans}) AS m
+    FROM scanned AS m
     GROUP BY m.sel_id, m.batch_size, m.trial_id
 ),
 per_trial AS (
     -- a reaching trial's bracket starts at the evaluation just before its first qualifying one
-    -- (every evaluation before that one missed the goal), 0 when there was none.
+    -- (every evaluation before that one missed the goal), 0 when there was none. A RACED trial
+    -- that did not qualify is ``unknown`` unless the budget ends at or before its ``steps`` (then
+    -- every row within the budget was recorded).
     SELECT c.sel_id, c.batch_size, c.trial_id, c.parameters, c.status, c.study_id, c.n_available, c.n_used,
-           e.first_step, e.value, e.last_step,
+           e.first_step, e.value, nullif(e.value_bound, 0) AS value_bound, e.last_step,
            CASE WHEN e.first_step IS NOT NULL
-                THEN coalesce(list_max(list_filter(e.misses, x -> x < e.first_step)), 0) END AS prev_step
+                THEN coalesce(list_max(list_filter(e.misses, x -> x < e.first_step)), 0) END AS prev_step,
+           CASE WHEN c.status = 'RACED' THEN c.trial_steps END AS raced_at,
+           (c.status = 'RACED' AND e.first_step IS NULL
+            AND NOT coalesce(s.step_budget <= c.trial_steps, false)
+            AND NOT coalesce(s.example_budget // c.batch_size <= c.trial_steps, false)) AS unknown
     FROM chosen AS c
+    JOIN sel AS s ON s.sel_id = c.sel_id
     LEFT JOIN evals AS e ON e.sel_id = c.sel_id AND e.batch_size = c.batch_size AND e.trial_id = c.trial_id
 )
 """
@@ -412,8 +620,8 @@ per_trial AS (
 _PER_TRIAL_SQL = (
     _PER_TRIAL_CTE
     + """
-SELECT sel_id, batch_size, trial_id, first_step, value, parameters, status, study_id, prev_step, last_step,
-       n_available, n_used
+SELECT sel_id, batch_size, trial_id, first_step, value, value_bound, parameters, status, study_id, prev_step,
+       last_step, raced_at, unknown, n_available, n_used
 FROM per_trial ORDER BY batch_size, trial_id
 """
 )
@@ -422,7 +630,7 @@ _BEST_SQL = (
     _PER_TRIAL_CTE
     + """,
 ordered AS (
-    SELECT sel_id, batch_size, trial_id, first_step, value, parameters,
+    SELECT sel_id, batch_size, trial_id, first_step, value, value_bound, parameters,
            row_number() OVER (PARTITION BY sel_id, batch_size ORDER BY first_step ASC NULLS LAST, trial_id) AS position
     FROM per_trial
 ),
@@ -431,7 +639,9 @@ summary AS (
            min(prev_step) AS steps_lower, min(last_step) AS censored_at,
            list(DISTINCT study_id) FILTER (WHERE study_id IS NOT NULL) AS study_ids,
            list(DISTINCT study_id) FILTER (WHERE study_id IS NOT NULL AND status = 'STOPPED_AT_GOAL') AS stopped_ids,
-           any_value(n_available) AS n_available
+           any_value(n_available) AS n_available,
+           count(*) FILTER (WHERE status = 'RACED') AS n_raced,
+           list([trial_id::VARCHAR, raced_at::VARCHAR, study_id] ORDER BY trial_id) FILTER (WHERE unknown) AS unknown
     FROM per_trial GROUP BY sel_id, batch_size
 ),
 batch_sizes AS (
@@ -442,7 +652,7 @@ batch_sizes AS (
 )
 SELECT b.sel_id, b.batch_size, o.first_step, o.trial_id, o.value, o.parameters,
        coalesce(s.n_trials, 0), coalesce(s.n_reached, 0), s.steps_lower, s.censored_at,
-       s.study_ids, s.stopped_ids, coalesce(s.n_available, 0), r.n_used
+       s.study_ids, s.stopped_ids, coalesce(s.n_available, 0), r.n_used, o.value_bound, s.n_raced, s.unknown
 FROM batch_sizes AS b
 JOIN trial_rule AS r ON r.sel_id = b.sel_id
 LEFT JOIN summary AS s ON s.sel_id = b.sel_id AND s.batch_size = b.batch_size
@@ -456,22 +666,30 @@ def _scans_sql(selections: Sequence[Selection], params: dict) -> str:
     """A ``UNION ALL`` of one narrowed scan of ``measurements`` per selection, tagging each row with
     the selection's id and whether it qualifies (``hit``).
 
-    Each scan's WHERE is a conjunction of constant comparisons (``workload = w AND metric = m``
-    [``AND step <= S``] [``AND batch_size * step <= E``]), which DuckDB pushes into the Parquet
-    reader: with the store's files sorted by (workload, metric, batch_size, trial_id, step), the
-    row groups' min/max statistics skip every row group of other workloads and metrics. Every
-    evaluation row is kept, whatever its value, because the brackets need the evaluations that
-    missed the goal. ``hit`` compares with constants too: finite and strictly beyond the goal, as
-    one range on value: minimise (-inf, g), maximise (g, inf). In DuckDB NaN compares above +inf,
-    so neither range holds NaN or an infinity (a plain ``value > goal`` would count NaN as a hit
-    under maximize). Selections asking several goals of one workload scan it once each.
+    Each scan's WHERE is a conjunction of constant comparisons (``workload = w AND metric IN (m,
+    m:bound)`` [``AND step <= S``] [``AND batch_size * step <= E``]), which DuckDB pushes into the
+    Parquet reader: with the store's files sorted by (workload, metric, batch_size, trial_id, step),
+    the row groups' min/max statistics skip every row group of other workloads and metrics (a
+    metric's bound flags sort right after it). Every evaluation row is kept, whatever its value,
+    because the brackets need the evaluations that missed the goal. ``hit`` compares with
+    constants too: finite and strictly beyond the goal, as one range on value: minimise (-inf, g),
+    maximise (g, inf). In DuckDB NaN compares above +inf, so neither range holds NaN or an infinity
+    (a plain ``value > goal`` would count NaN as a hit under maximize). Selections asking several
+    goals of one workload scan it once each.
+
+    Bounded rows: the companion rows ``<metric>:bound`` come with the scan, marked ``is_flag``;
+    ``hit_flag`` is the flag that lets a bounded row qualify (``-1``, an upper bound, when lower is
+    better; ``+1`` with ``maximize``), its negation the one that makes it a miss. The query joins
+    the flags to their rows and keeps a bounded row only when its bound decides the goal, so an
+    undecided bound is neither a hit, a miss nor a last step.
     """
     parts = []
     for k, selection in enumerate(selections):
         params[f"w{k}"], params[f"m{k}"], params[f"g{k}"] = selection.workload, selection.metric, float(selection.goal)
+        params[f"b{k}"] = f"{selection.metric}{BOUND_SUFFIX}"
         params[f"i{k}"] = math.inf if selection.maximize else -math.inf
         hit = (f"value > $g{k} AND value < $i{k}" if selection.maximize else f"value > $i{k} AND value < $g{k}")
-        where = f"workload = $w{k} AND metric = $m{k}"
+        where = f"workload = $w{k} AND metric IN ($m{k}, $b{k})"
         if selection.step_budget is not None:
             params[f"s{k}"] = int(selection.step_budget)
             where += f" AND step <= $s{k}"
@@ -479,7 +697,8 @@ def _scans_sql(selections: Sequence[Selection], params: dict) -> str:
             params[f"e{k}"] = int(selection.example_budget)
             where += f" AND batch_size * step <= $e{k}"
         parts.append(
-            f"SELECT CAST({k} AS BIGINT) AS sel_id, batch_size, trial_id, step, value, ({hit}) AS hit "
+            f"SELECT CAST({k} AS BIGINT) AS sel_id, batch_size, trial_id, step, value, ({hit}) AS hit, "
+            f"metric = $b{k} AS is_flag, CAST({1.0 if selection.maximize else -1.0} AS DOUBLE) AS hit_flag "
             f"FROM measurements WHERE {where}"
         )
     return "\nUNION ALL\n".join(parts)

@@ -1,8 +1,17 @@
 """The ``batchlab`` command line.
 
-The main app only assembles the command groups; each module in this package registers its own
-commands through ``register(app)`` and keeps heavy imports (torch, duckdb, matplotlib) inside the
-command functions so that ``batchlab --help`` stays fast. Commands parse, call the library and print.
+The main app only assembles the commands, and lazily: :data:`LAZY_COMMANDS` names every top-level
+command and the module that registers it (``register(app)``); the root group (:class:`LazyGroup`)
+lists those names at once and imports a module, and has typer build its commands, only when one of
+them is looked up: when it is invoked, or when help or completion lists the commands (``batchlab
+--help`` then loads every module; each module keeps its heavy imports, torch, duckdb, matplotlib,
+inside the command functions). So ``batchlab nqm sweep`` imports the ``nqm`` group and what its
+command needs, and nothing of training, the store or plotting.
+
+Option values of plain ``str``, ``int`` and ``float`` options are converted without pydantic when
+they are in plain decimal notation (:class:`PlainCoercion`); every other value, and every other kind
+of option, goes through typer's own conversion, so accepted values, results and error messages are
+typer's.
 
 User errors (:class:`batchlab.errors.BatchlabError` and click usage errors) are printed as one line,
 ``error: ...``, with exit status 2. Ctrl-C is one line, ``interrupted ...``, with exit status 130
@@ -12,28 +21,185 @@ User errors (:class:`batchlab.errors.BatchlabError` and click usage errors) are 
 
 from __future__ import annotations
 
+import importlib
+import re
 import sys
+from collections.abc import MutableMapping
 
 import typer
+from typer.core import TyperGroup
 
 from batchlab.errors import BatchlabError
+
+#: Every top-level command but ``version``, in the order ``batchlab --help`` lists them (after
+#: ``version``), with the module whose ``register(app)`` adds it. A module is imported when one of its
+#: commands is first looked up.
+LAZY_COMMANDS = {
+    "workloads": "batchlab.cli.train",
+    "optimizers": "batchlab.cli.train",
+    "train": "batchlab.cli.train",
+    "study": "batchlab.cli.train",
+    "sweep": "batchlab.cli.sweep",
+    "nqm": "batchlab.cli.nqm",
+    "store": "batchlab.cli.store",
+    "import": "batchlab.cli.store",
+    "export": "batchlab.cli.store",
+    "analyze": "batchlab.cli.analyze",
+    "plot": "batchlab.cli.plot",
+}
+
+#: The app settings that shape how typer builds commands; the main app and the apps the command
+#: modules register into share them, so a lazily built command is the one an eager build gives.
+_BUILD_SETTINGS = {"add_completion": False, "pretty_exceptions_enable": False, "rich_markup_mode": None}
+
+
+def load_commands(module_name: str) -> dict:
+    """The click commands that ``module_name``'s ``register(app)`` adds, by name, as typer builds them
+    (with :class:`PlainCoercion` on their plain options)."""
+    module = importlib.import_module(module_name)
+    holder = typer.Typer(**_BUILD_SETTINGS)
+    module.register(holder)
+    commands = dict(typer.main.get_group(holder).commands)
+    for command in commands.values():
+        PlainCoercion.install(command)
+    return commands
+
+
+class LazyCommands(MutableMapping):
+    """A group's ``commands`` mapping whose lazy entries are built on first lookup.
+
+    Names (iteration, ``in``, ``len``) never load anything; ``mapping[name]`` (and ``get``, ``items``,
+    ``values``) loads the entry's module (:func:`load_commands`) and keeps every command it registers.
+    """
+
+    def __init__(self, eager: dict, lazy: dict[str, str]):
+        self._loaded = dict(eager)
+        self._lazy = {name: module for name, module in lazy.items() if name not in self._loaded}
+        self._order = [*self._loaded, *self._lazy]
+
+    def __getitem__(self, name: str):
+        if name not in self._loaded and name in self._lazy:
+            self._loaded.update(load_commands(self._lazy[name]))
+        return self._loaded[name]
+
+    def __setitem__(self, name: str, command) -> None:
+        self._loaded[name] = command
+        self._lazy.pop(name, None)
+        if name not in self._order:
+            self._order.append(name)
+
+    def __delitem__(self, name: str) -> None:
+        self._order.remove(name)
+        self._lazy.pop(name, None)
+        self._loaded.pop(name, None)
+
+    def __contains__(self, name) -> bool:
+        return name in self._order
+
+    def __iter__(self):
+        return iter(list(self._order))
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+
+class LazyGroup(TyperGroup):
+    """The root group: the commands built with the app (``version``) plus :data:`LAZY_COMMANDS`, loaded
+    on first lookup (:class:`LazyCommands`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        PlainCoercion.install(self)  # the root and its eager commands (version)
+        self.commands = LazyCommands(self.commands, LAZY_COMMANDS)
+
+
+_INTEGER = re.compile(r"-?(?:0|[1-9][0-9]{0,17})\Z")
+_DECIMAL = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]{1,3})?\Z")
+_NUMBERS = {int: _INTEGER, float: _DECIMAL}
+_PLAIN_KINDS = (str, bool, int, float)
+
+
+class PlainCoercion:
+    """Conversion of one plain option (``str``, ``bool``, ``int`` or ``float``, single-valued,
+    unconstrained) without building a pydantic adapter.
+
+    typer (>= 0.22) converts every option value, ``--help`` included, with a pydantic ``TypeAdapter``;
+    importing pydantic and building the adapters is a large part of a short command's start-up. Here
+    ``None`` and a value that already has the option's type are kept, and text in plain decimal
+    notation (:data:`_INTEGER`, :data:`_DECIMAL`: where Python's ``int``/``float`` and pydantic give the
+    same number) is converted with ``int``/``float``; anything else (``+7``, ``1_000``, `` 0.5``,
+    ``abc``, ``yes``) goes to typer's own conversion, built on first need, so what is accepted and every
+    error message stay typer's.
+    """
+
+    def __init__(self, descriptor):
+        self.descriptor = descriptor
+        self.kind = descriptor.annotation
+        self._typer = None
+
+    @classmethod
+    def install(cls, command, subcommands: bool = True) -> None:
+        """Give every plain option of ``command`` (its ``--help`` too, and those of its subcommands)
+        this conversion. A typer without runtime conversion (options without ``type_descriptor``)
+        keeps its own."""
+        for param in command.params:
+            cls._install_param(param)
+        if getattr(command, "_help_option", False) is None:  # typer builds --help on first use
+            build_help_option = command.get_help_option
+
+            def get_help_option(ctx):
+                option = build_help_option(ctx)
+                if option is not None:
+                    cls._install_param(option)
+                return option
+
+            command.get_help_option = get_help_option
+        if subcommands:
+            for sub in getattr(command, "commands", {}).values():
+                cls.install(sub)
+
+    @classmethod
+    def _install_param(cls, param) -> None:
+        descriptor = getattr(param, "type_descriptor", None)
+        if descriptor is None or getattr(param, "_runtime_param", False) is not None:
+            return
+        info = descriptor.parameter_info
+        plain = (
+            descriptor.annotation in _PLAIN_KINDS
+            and descriptor.file_annotation is None
+            and getattr(info, "parser", None) is None
+            and getattr(info, "min", None) is None
+            and getattr(info, "max", None) is None
+            and not param.multiple
+            and param.nargs == 1
+            and getattr(descriptor, "is_path", True) is False
+            and getattr(descriptor, "is_choice", True) is False
+        )
+        if plain:
+            param._runtime_param = cls(descriptor)
+
+    def coerce(self, value, param, ctx):
+        """The option's value (typer's ``RuntimeParam.coerce`` contract)."""
+        if value is None or type(value) is self.kind:
+            return value
+        pattern = _NUMBERS.get(self.kind)
+        if pattern is not None and type(value) is str and pattern.match(value):
+            return self.kind(value)
+        if self._typer is None:
+            from typer._coercion import build_runtime_param
+
+            self._typer = build_runtime_param(self.descriptor)
+        return self._typer.coerce(value, param=param, ctx=ctx)
+
 
 app = typer.Typer(
     name="batchlab",
     help="The science of batch size: exact NQM, measured steps-to-result, critical batch size.",
     no_args_is_help=True,
     invoke_without_command=False,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
+    cls=LazyGroup,
+    **_BUILD_SETTINGS,
 )
-
-
-def _register_all() -> None:
-    from batchlab.cli import analyze, nqm, plot, store, train, sweep
-
-    for module in (nqm, store, analyze, plot, train, sweep):
-        module.register(app)
 
 
 @app.command("version")
@@ -42,9 +208,6 @@ def version() -> None:
     from batchlab import __version__
 
     print(__version__)
-
-
-_register_all()
 
 
 def fail(message: str) -> None:

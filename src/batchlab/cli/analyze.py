@@ -72,6 +72,13 @@ def trials_caption(selection, results) -> str:
     return "trials: " + "; ".join(parts)
 
 
+def value_text(result) -> str:
+    """The best trial's value; a bound (docs/methods.md, "Bounded measurements") prints as ``<= v``
+    (upper bound) or ``>= v`` (lower bound), never as if exact."""
+    bound = {-1: "<= ", 1: ">= "}.get(result.value_bound, "")
+    return bound + fmt(result.value) if result.value is not None else fmt(result.value)
+
+
 def bracket_text(result) -> str:
     """The resolution bracket of one result: ``(lower, steps]``, ``> censored_at`` or ``''``."""
     return _bracket(result.steps, result.steps_lower, result.censored_at)
@@ -123,8 +130,8 @@ def steps_to_result_command(
     rows = [
         [str(r.batch_size), "not reached" if r.steps is None else str(r.steps), bracket_text(r),
          "" if r.steps is None else str(r.steps * r.batch_size), "" if r.trial_id is None else str(r.trial_id),
-         fmt(r.value), fmt(r.learning_rate), fmt(r.momentum), fmt(r.effective_learning_rate),
-         f"{r.n_reached}/{r.n_trials}"]
+         value_text(r), fmt(r.learning_rate), fmt(r.momentum), fmt(r.effective_learning_rate),
+         f"{r.n_reached}/{r.n_trials}" + (f" ({r.n_raced} raced)" if r.n_raced else "")]
         for r in results
     ]
     print_table(f"{workload}: steps to {metric} {comparison} {goal:g}", columns, rows,
@@ -201,7 +208,7 @@ def critical_batch_size_command(
     summary = {"selection": selection.describe() | trials_description(selection, results)} | estimate.to_dict()
     summary["brackets"] = [
         {"batch_size": r.batch_size, "steps": r.steps, "steps_lower": r.steps_lower, "censored_at": r.censored_at,
-         "n_trials": r.n_trials, "n_reached": r.n_reached, "study_ids": r.study_ids,
+         "n_trials": r.n_trials, "n_reached": r.n_reached, "n_raced": r.n_raced, "study_ids": r.study_ids,
          "search_edge": _edges_at(edges, r.batch_size)}
         for r in results
     ]
@@ -303,7 +310,9 @@ def _print_critical_batch_size(summary: dict, caption: str = "") -> None:
             interval_text = ""
             if isinstance(interval, (list, tuple)) and len(interval) == 2:
                 low, high = interval
-                interval_text = f"[{'-' if low is None else low}, {'not reached' if high is None else high}]"
+                unknown = str(row.get("steps_interval_note") or "").startswith("unknown")
+                upper = ("unknown" if unknown else "not reached") if high is None else high
+                interval_text = f"[{'-' if low is None else low}, {upper}]"
             table_rows.append([
                 str(row.get("batch_size")), "not reached" if steps is None else str(steps),
                 _bracket(steps, row.get("steps_lower"), row.get("censored_at")), str(row.get("regime") or ""),

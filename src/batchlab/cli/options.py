@@ -63,8 +63,14 @@ B0 = Annotated[Optional[float], typer.Option(
 FigureOut = Annotated[Path, typer.Option("--out", help="Figure file to write (.png, .pdf or .svg).")]
 Fit = Annotated[bool, typer.Option("--fit/--no-fit", help="Draw the fitted S(B) = S_min + E_min / B.")]
 
+Race = Annotated[bool, typer.Option(
+    "--race/--no-race",
+    help="Stop each trial as soon as it can no longer be among its study's two best (status RACED): the same "
+         "steps to result, bracket, best trial and steps interval as the full protocol, for less compute "
+         "(docs/methods.md, 'Racing'). Needs stopping at the goal.")]
+
 #: The default of ``--status`` (the analysis' default statuses).
-DEFAULT_STATUSES = ["COMPLETE", "STOPPED_AT_GOAL"]
+DEFAULT_STATUSES = ["COMPLETE", "STOPPED_AT_GOAL", "RACED"]
 
 # --- output ----------------------------------------------------------------------------------------
 

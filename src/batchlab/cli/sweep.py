@@ -23,7 +23,7 @@ CONFIG_KEYS = (
     "workloads", "optimizers", "batch_sizes", "trials", "store", "steps", "budget_epochs", "min_steps",
     "max_steps", "budgets", "train_examples", "seed", "stop_at_goal", "grow_budget", "grow_factor",
     "max_budget_growths", "executor", "workers", "scheduler", "evaluations", "resolution", "schedule", "goal",
-    "device", "vectorize", "vectorize_trials", "search_spaces",
+    "device", "vectorize", "vectorize_trials", "race", "batch_order", "search_spaces",
 )
 EPILOG = (
     "Sweep config files (--config FILE, TOML; options given on the command line override the file) are "
@@ -82,6 +82,15 @@ def register(app: typer.Typer) -> None:
             help="Stop a trial at its first evaluation beating the goal (default: on).")] = None,
         vectorize: Annotated[Optional[bool], typer.Option(
             "--vectorize/--no-vectorize", help="Force or forbid vectorized trials (default: automatic).")] = None,
+        race: Annotated[Optional[bool], typer.Option(
+            "--race/--no-race",
+            help="Stop each trial as soon as it can no longer be among its study's two best (status RACED): the "
+                 "same steps to result, brackets, best trials and steps intervals as the full protocol, for less "
+                 "compute (docs/methods.md, 'Racing'). Default: off.")] = None,
+        batch_order: Annotated[Optional[str], typer.Option(
+            "--batch-order",
+            help="trial: each trial draws its own batch order (default); shared: the trials of a study share one "
+                 "order (recorded in the study definition; lets vectorized trials share their input).")] = None,
         grow_budget: Annotated[Optional[bool], typer.Option(
             "--grow-budget/--no-grow-budget",
             help="Grow the budget (and stretch decay and warmup steps) of studies whose trials all ran out of "
@@ -106,7 +115,7 @@ def register(app: typer.Typer) -> None:
             "budget_epochs": budget_epochs, "min_steps": min_steps, "max_steps": max_steps,
             "resolution": resolution, "evaluations": evaluations, "schedule": schedule,
             "workers": workers, "scheduler": scheduler, "seed": seed, "stop_at_goal": stop_at_goal,
-            "grow_budget": grow_budget, "goal": goal, "device": device,
+            "grow_budget": grow_budget, "goal": goal, "device": device, "race": race, "batch_order": batch_order,
             "executor": "dask" if dask else None,
             "vectorize": None if vectorize is None else ("always" if vectorize else "never"),
         }

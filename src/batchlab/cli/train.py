@@ -244,6 +244,7 @@ def register(app: typer.Typer) -> None:
         resolution: opt.Resolution = 0.05,
         refine: opt.Refine = "replay",
         device: opt.Device = "auto",
+        race: opt.Race = False,
         json_output: StudyJson = False,
     ) -> None:
         """Run one study (one workload at one batch size) and print its best trial."""
@@ -252,7 +253,7 @@ def register(app: typer.Typer) -> None:
 
         common = dict(train_examples=train_examples, seed=seed, stop_at_goal=stop_at_goal, eval_budget=eval_budget,
                       train_eval_examples=train_eval_examples, resolution=resolution, refine=refine,
-                      device=check_device(device))
+                      device=check_device(device), race=race)
         budget = check_study(workload, optimizer, batch_size, trials, steps=steps, **common)
         opened = opt.open_store(store)
 

@@ -162,33 +162,49 @@ def moment_recurrence(
     lr, mu, gamma = (x.ravel()[:, None] for x in np.broadcast_arrays(lr, mu, gamma))
     p = float(algorithm.precondition)
     h, c = problem.curvature, problem.noise
+    # Grids repeat each learning rate (once per momentum / decay value): the per-(learning rate, bin)
+    # numbers are computed once per distinct learning rate, then indexed (the same numbers).
+    if lr.shape[0] > 1:
+        lr_values, lr_index = np.unique(lr[:, 0], return_inverse=True)
+        lr_values = lr_values[:, None]
+    else:
+        lr_values, lr_index = lr, np.zeros(1, dtype=np.intp)
     # z is rounded to 14 significant digits so that grid points with the same curvature step (the
     # geometric LR grids times geometric bins hit the same z many times) share one power table; the
     # recurrence is then exact for that z (a relative change below 1e-13, far below any reported digit).
-    z = _round_significant(lr * h ** (1.0 - p))  # (G, J)
-    noise_scale = (lr * h ** (-p)) ** 2 * c  # a^2 c: g = noise_scale * d d^T, d = b / a
-    G, J = z.shape
+    z_rows = _round_significant(lr_values * h ** (1.0 - p))  # (distinct lr, J)
+    noise_scale = ((lr_values * h ** (-p)) ** 2 * c)[lr_index]  # a^2 c: g = noise_scale * d d^T, d = b / a
+    G, J = lr.shape[0], h.shape[0]
     ema = algorithm.uses_ema
-    T, direction, e, f = _moment_maps(algorithm.base, z, mu, gamma if ema else None)
-    m = T.shape[0]
-    g = direction * noise_scale
+    n = len(linear_update(algorithm.base, np.zeros(1), np.ones(1), 0.0, 0.0 if ema else None)[2])
+    m = n * (n + 1) // 2
+    T = None
     shared = None
     if m >= 3 and not notebook_fudge and G * J >= 64:
-        distinct, first, inverse = _distinct_combinations(z, mu[:, 0], gamma[:, 0])
+        distinct, first, inverse = _distinct_combinations(z_rows, lr_index, mu[:, 0], gamma[:, 0])
         if distinct.size < 0.5 * G * J:
-            pick = lambda x: np.broadcast_to(x, z.shape).ravel()[first][:, None]  # noqa: E731
-            T_u, d_u, e_u, f_u = _moment_maps(algorithm.base, pick(z), pick(mu), pick(gamma) if ema else None)
+            rows, bins = np.divmod(first, J)
+            pick = lambda x: np.broadcast_to(x, (G, J))[rows, bins][:, None]  # noqa: E731
+            T_u, d_u, e, f = _moment_maps(algorithm.base, z_rows[lr_index[rows], bins][:, None], pick(mu),
+                                          pick(gamma) if ema else None)
+            # Every (grid point, bin) takes its combination's maps: the numbers a full evaluation gives.
+            flat = inverse.ravel()
+            T = np.take(T_u[..., 0], flat, axis=2).reshape(m, m, G, J)
+            direction = np.take(d_u[..., 0], flat, axis=1).reshape(m, G, J)
             reduced = MomentRecurrence(T_u[..., None, :], d_u[..., None, :], np.zeros((m, 1, 1, 1)), np.zeros((m, 1)))
-            pairs_ = _pairs(len(e_u))
+            pairs_ = _pairs(len(e))
             shared = {
                 "reduced": reduced,
                 "index": inverse.reshape(G, J),
                 "scale": noise_scale[:, None, :],
-                "pair_readout": np.array([(1.0 if i == j else 2.0) * e_u[i] * e_u[j] for i, j in pairs_]),
-                "pair_initial": np.array([f_u[i] * f_u[j] for i, j in pairs_]),
+                "pair_readout": np.array([(1.0 if i == j else 2.0) * e[i] * e[j] for i, j in pairs_]),
+                "pair_initial": np.array([f[i] * f[j] for i, j in pairs_]),
                 "weights": problem.loss_weights,
                 "initial": problem.initial_second_moment,
             }
+    if T is None:
+        T, direction, e, f = _moment_maps(algorithm.base, z_rows[lr_index], mu, gamma if ema else None)
+    g = direction * noise_scale
     T = T[:, :, :, None, :]
     g = g[:, :, None, :]
     if notebook_fudge:
@@ -210,16 +226,19 @@ def _fudge_names() -> str:
     return ", ".join(n for n in nqm_algorithm_names() if get_nqm_algorithm(n).notebook_fudge)
 
 
-def _distinct_combinations(z: np.ndarray, mu: np.ndarray, gamma: np.ndarray):
-    """Distinct ``(z, mu, gamma)`` over a ``(G, J)`` grid of ``z`` and per-grid-point ``mu``, ``gamma`` (``(G,)``).
+def _distinct_combinations(z_rows: np.ndarray, row_index: np.ndarray, mu: np.ndarray, gamma: np.ndarray):
+    """Distinct ``(z, mu, gamma)`` over a ``(G, J)`` grid ``z = z_rows[row_index]`` and per-grid-point
+    ``mu``, ``gamma`` (``(G,)``).
 
     Returns ``(keys, representative, inverse)`` like ``np.unique(key, return_index=True,
     return_inverse=True)`` on a combined integer key, except that ``representative`` is *some* flat
-    ``(G, J)`` index of each combination (all of them carry identical values). One sort of ``z`` only:
-    the combined key is ranked with a presence table when its range is small (the usual case).
+    ``(G, J)`` index of each combination (all of them carry identical values). One sort of the distinct
+    rows of ``z`` only: the combined key is ranked with a presence table when its range is small (the
+    usual case).
     """
-    G, J = z.shape
-    z_values, z_code = np.unique(z.ravel(), return_inverse=True)
+    G, J = row_index.size, z_rows.shape[1]
+    z_values, z_code = np.unique(z_rows.ravel(), return_inverse=True)
+    z_code = z_code.reshape(z_rows.shape)[row_index]
     mu_values, mu_code = np.unique(mu, return_inverse=True)
     gamma_values, gamma_code = np.unique(gamma, return_inverse=True)
     per_point = mu_values.size * gamma_values.size
@@ -262,9 +281,17 @@ def _moment_maps(base: str, z: np.ndarray, mu, gamma):
 
 
 
+ROW_WISE_ELEMENTS = 4096
+"""Grid size (elements per matrix entry) from which :func:`compose` and :func:`apply` work one row at a
+time: numpy iterates a product that broadcasts over the row axis with that short axis innermost, which
+is slow for large grids; row by row every operation runs over the contiguous grid."""
+
+
 def apply(P: np.ndarray, g: np.ndarray, u: np.ndarray, inv_batch) -> np.ndarray:
     """``P u + g * inv_batch`` for component-first arrays (``inv_batch`` broadcasts over the batch axis)."""
     m = P.shape[0]
+    if P.shape[2:] == u.shape[1:] and u[0].size >= ROW_WISE_ELEMENTS and np.size(inv_batch) == 1:
+        return _apply_rows(P, g, u, np.reshape(inv_batch, ()))
     shape = np.broadcast_shapes(u.shape, g.shape)
     with np.errstate(over="ignore", invalid="ignore"):  # unstable configurations overflow to inf: fine
         # All rows i at once, the same elementwise operations in the same order (k = 0..m-1, then the
@@ -278,6 +305,24 @@ def apply(P: np.ndarray, g: np.ndarray, u: np.ndarray, inv_batch) -> np.ndarray:
     out = np.empty(shape)
     out[...] = acc
     return out
+
+
+def _apply_rows(P, g, u, inv_batch):
+    """:func:`apply` row by row over flat grids (``P`` and ``u`` of one grid shape, one batch size): the
+    same elementwise operations in the same order, each over a whole contiguous row."""
+    shape = u.shape
+    m, n = P.shape[0], u[0].size
+    P, u, g = P.reshape(m, m, n), u.reshape(m, n), np.broadcast_to(g, shape).reshape(m, n)
+    out = np.empty((m, n))
+    scratch = np.empty(n)
+    with np.errstate(over="ignore", invalid="ignore"):  # unstable configurations overflow to inf: fine
+        for i in range(m):
+            row = out[i]
+            np.multiply(P[i, 0], u[0], out=row)
+            for k in range(1, m):
+                row += np.multiply(P[i, k], u[k], out=scratch)
+            row += np.multiply(g[i], inv_batch, out=scratch)
+    return out.reshape(shape)
 
 
 def compose(first, second):
@@ -295,6 +340,22 @@ def compose(first, second):
 
 def _compose_into(P, g, P1, g1, P2, g2, scratch):
     m = P.shape[0]
+    if P1.shape == P2.shape == P.shape and g1.shape == g2.shape == g.shape and scratch.size >= ROW_WISE_ELEMENTS:
+        # Row by row over flat grids: the same elementwise operations in the same order (k = 0..m-1,
+        # then g2) as below, so bit-identical, each over whole contiguous rows.
+        n = scratch.size
+        P, P1, P2 = P.reshape(m, m, n), P1.reshape(m, m, n), P2.reshape(m, m, n)  # P: a view (new array)
+        g, g1, g2 = g.reshape(m, n), g1.reshape(m, n), g2.reshape(m, n)
+        rows = np.empty((m, n))
+        for i in range(m):
+            np.multiply(P2[i, 0], P1[0], out=P[i])
+            for k in range(1, m):
+                P[i] += np.multiply(P2[i, k], P1[k], out=rows)
+        np.multiply(P2[:, 0], g1[0], out=g)
+        for k in range(1, m):
+            g += np.multiply(P2[:, k], g1[k], out=rows)
+        g += g2
+        return
     if P1.ndim == P2.ndim and g1.ndim == g2.ndim == P2.ndim - 1:
         # All (i, j) at once: the same elementwise operations in the same order (k = 0..m-1, then g2) as
         # the loop below, so bit-identical, with 2 (m + 1) array operations instead of m (m + 1) (m + 1).
@@ -478,15 +539,25 @@ def iter_dense_losses(
     # (G, J m, block): the readout rows as one matrix per grid point, so each group is a single GEMM.
     rows = np.ascontiguousarray(rows[:, :, :block].transpose(0, 1, 3, 2)).reshape(G, J * m, block)
     q = q[:, :block]
-    step_block = map_power(rec, block)
+    P_block, g_block = map_power(rec, block)
     n_blocks = -(-n // block)
     u = rec.initial_state(1)
+    # Advancing u by one block is apply(P_block, g_block, u, inv_b), written out for these small states
+    # (the same operations in the same order, without its per-call set-up).
+    columns = [P_block[:, k] for k in range(m)]
+    with np.errstate(over="ignore", invalid="ignore"):
+        noise = g_block * inv_b
     for first_block in range(0, n_blocks, group):
         count = min(group, n_blocks - first_block)
         starts = np.empty((m, G, count, J))
-        for index in range(count):
-            starts[:, :, index] = u[:, :, 0]
-            u = apply(*step_block, u, inv_b)
+        with np.errstate(over="ignore", invalid="ignore"):
+            for index in range(count):
+                starts[:, :, index] = u[:, :, 0]
+                advanced = columns[0] * u[0]
+                for k in range(1, m):
+                    advanced += columns[k] * u[k]
+                advanced += noise
+                u = advanced
         # loss[g, blk, i] = sum_{k,j} rho T^i[k, j] starts[k, g, blk, j] + q[g, i] / B
         starts = starts.transpose(1, 2, 3, 0).reshape(G, count, J * m)
         with np.errstate(over="ignore", invalid="ignore"):

@@ -42,6 +42,8 @@ FORMATS = ("png", "pdf", "svg")
 OUTCOME_STYLE = {
     "reached": {"marker": "o", "color": "tab:blue", "label": "goal reached"},
     "not_reached": {"marker": "o", "color": "0.6", "label": "goal not reached", "facecolors": "none"},
+    "raced": {"marker": "s", "color": "tab:orange", "label": "raced: stopped, could not beat the best",
+              "facecolors": "none"},
     "diverged": {"marker": "x", "color": "tab:red", "label": "diverged"},
 }
 
@@ -311,7 +313,9 @@ def lr_momentum_scatter_figure(
     """Trials in the (learning rate, 1 - momentum) plane, one panel per batch size.
 
     ``outcomes`` is the frame of :func:`batchlab.analysis.metaparameters.trial_outcomes`. Markers:
-    goal reached (filled), not reached (open), diverged (x); the best trial is starred. Grey contours
+    goal reached (filled), not reached (open), raced (open orange square: stopped by racing, could
+    not beat the best; whether it would have reached the goal is unknown), diverged (x); the best
+    trial is starred. Each class that occurs has its legend entry. Grey contours
     are log10(learning rate / (1 - momentum)). Optional: ``search_ranges``
     (:func:`~batchlab.analysis.metaparameters.searched_ranges`) draws each panel's searched box
     (dashed), ``search_edges`` (:func:`~batchlab.analysis.metaparameters.search_edge_warnings`)
@@ -352,8 +356,10 @@ def lr_momentum_scatter_figure(
         contours = ax.contour(gx, gy, np.log10(gx / gy), levels=levels, colors="0.75", linewidths=0.7, linestyles="solid", zorder=1)
         ax.clabel(contours, fmt="%g", fontsize=6)
         for outcome, style in OUTCOME_STYLE.items():
+            if outcome == "raced" and not (frame["outcome"] == outcome).any():
+                continue  # the raced class appears (with its legend entry) only for raced studies
             part = here[here["outcome"] == outcome]
-            kwargs = {"marker": style["marker"], "label": style["label"], "s": 16, "zorder": 3}
+            kwargs = {"marker": style["marker"], "label": style["label"], "s": 16, "zorder": 3, "gid": f"outcome_{outcome}"}
             if style.get("facecolors") == "none":
                 kwargs |= {"facecolors": "none", "edgecolors": style["color"]}
             else:

@@ -71,6 +71,7 @@ def study_summary(entry: dict) -> dict:
         "early_stopping": early_stopping(d),
         "evaluation": d.get("evaluation"), "seed": d.get("seed"),
         "device": d.get("device", "cpu"),  # definitions of CPU trials have no device key
+        "race": d.get("race"),  # {"keep": k} for a raced study (docs/methods.md, "Racing"), else None
         "n_trials": entry["n_trials"], "statuses": entry["statuses"], "definition": d,
     }
 

@@ -38,13 +38,18 @@ from batchlab.errors import BatchlabError, unknown_name_error
 
 #: Trial statuses. COMPLETE: ran its step budget; INCOMPLETE: stopped early for another reason (or
 #: unknown); INFEASIBLE: diverged (non-finite loss); STOPPED_AT_GOAL: stopped before its budget
-#: because an evaluation met its study's stop rule (``steps`` = updates actually run).
-STATUSES = ("COMPLETE", "INCOMPLETE", "INFEASIBLE", "STOPPED_AT_GOAL")
+#: because an evaluation met its study's stop rule (``steps`` = updates actually run); RACED: stopped
+#: by racing (``--race``) at an evaluation after which it could no longer be among its study's
+#: ``keep`` best trials (its measurements are exactly the full protocol's up to ``steps``; it did
+#: not meet the goal within them, and its first step meeting it, if any, is later than ``steps``).
+STATUSES = ("COMPLETE", "INCOMPLETE", "INFEASIBLE", "STOPPED_AT_GOAL", "RACED")
 #: The statuses of the batch_science release (metadata.json ``status``).
 RELEASE_STATUSES = ("COMPLETE", "INCOMPLETE", "INFEASIBLE")
 #: The statuses the analysis reads by default: trials that ran their step budget, and trials stopped
 #: early because an evaluation met their study's stop rule (their steps are the updates actually run).
-DEFAULT_ANALYSIS_STATUSES = ("COMPLETE", "STOPPED_AT_GOAL")
+#: RACED trials take part too: their first step meeting the goal is unknown beyond their last
+#: measurement (docs/methods.md, "Racing"), which the analysis honours instead of dropping them.
+DEFAULT_ANALYSIS_STATUSES = ("COMPLETE", "STOPPED_AT_GOAL", "RACED")
 TABLES = ("workloads", "studies", "trials", "measurements")
 
 
@@ -168,6 +173,7 @@ def empty_table(name: str) -> pa.Table:
 #     log/<seq>.json                        LOG_DIR: commit log
 #     data/<table>/<claim>-<uuid><suffix>   DATA_DIR: immutable Parquet files (data_file_name)
 #     pending/<uuid>.jsonl, <claim>.claim   PENDING_DIR: journals of trials being written; claims
+#     pending/trials/<sha>.claim, <owner>.owner   trial claims of sweep drivers (batchlab.sweep.claims)
 MARKER = "batchlab-store.json"
 FORMAT_VERSION = 1
 LOCK_FILE = "_lock"

@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchlab.errors import BatchlabError, unknown_name_error
-from batchlab.store.files import exclusive_lock, write_bytes_atomic, write_data_table
+from batchlab.store.files import TMP_PREFIX, exclusive_lock, write_bytes_atomic, write_data_table
 from batchlab.store.log import CommitPlan, StoreState, commit, read_state
 from batchlab.store.schema import (
     DATA_DIR,
@@ -71,6 +71,7 @@ class Store:
         # claim of the process that will commit its files.
         self._claim_id = claim_id
         self._claim_fd: int | None = None
+        self.created = False  # this object's open() made the store (open_or_create reports it)
 
     @property
     def claim_id(self) -> str:
@@ -119,17 +120,37 @@ class Store:
                 f"no batchlab store at {root} (create one by importing or writing trials into it)"
             )
         if root.is_dir() and any(p.name != MARKER for p in root.iterdir()):
+            if marker.is_file():  # another process created it meanwhile
+                return cls.open(root)
             raise BatchlabError(f"{root} is a non-empty directory that is not a batchlab store")
+        # Built in a hidden sibling directory and renamed into place (atomic; rename(2) also replaces
+        # an empty directory), so no process ever sees a half-made store, and of two processes
+        # creating one store at once (two sweeps started together) the loser opens the winner's.
+        parent = root.absolute().parent
         try:
-            root.mkdir(parents=True, exist_ok=True)
+            parent.mkdir(parents=True, exist_ok=True)
+            building = parent / f"{TMP_PREFIX}{uuid.uuid4().hex}-{root.name}"
+            building.mkdir()
         except OSError as exc:
             raise BatchlabError(f"cannot create a store at {root}: {exc.strerror or exc}") from None
-        for sub in STORE_DIRS:
-            (root / sub).mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(
-            marker, json.dumps({"format": "batchlab-store", "version": FORMAT_VERSION}).encode()
-        )
-        return cls(root)
+        try:
+            for sub in STORE_DIRS:
+                (building / sub).mkdir(parents=True, exist_ok=True)
+            write_bytes_atomic(
+                building / MARKER, json.dumps({"format": "batchlab-store", "version": FORMAT_VERSION}).encode()
+            )
+            try:
+                os.rename(building, root)
+            except OSError:
+                if marker.is_file():  # another process won the race: use its store
+                    return cls.open(root)
+                raise BatchlabError(f"{root} is a non-empty directory that is not a batchlab store") from None
+        finally:
+            if building.exists():
+                shutil.rmtree(building, ignore_errors=True)
+        store = cls(root)
+        store.created = True
+        return store
 
     @classmethod
     def open_or_create(cls, path: str | Path) -> tuple[Store, bool]:
@@ -153,7 +174,8 @@ class Store:
                     f"cannot create a store at {root}: directory {parent} does not exist "
                     "(create it first, or check the path)"
                 )
-        return cls.open(root, create=True), True
+        store = cls.open(root, create=True)
+        return store, store.created
 
     # ----------------------------------------------------------------- reading
     def state(self) -> StoreState:

@@ -12,7 +12,7 @@ line; run it with ``executor_factory=InlineExecutor``). Ctrl-C raises :class:`Sw
 Modules: ``config`` (pydantic model, TOML, the step-budget rule), ``keys`` (sweep ids, stable trial
 keys, id blocks, seeds), ``plan`` (studies and their study definitions, trials, tasks), ``executors``
 (local process pool, Dask, inline), ``worker`` (what a worker runs), ``vectorized`` (K trials as one
-torch.func computation), ``budget`` (the growth rule), ``runner`` (the driver and the summary of the
+torch.func computation), ``budget`` (the growth rule), ``claims`` (trial claims: concurrent drivers share the work), ``runner`` (the driver and the summary of the
 sweep's own trials), ``progress`` (rich display and JSON lines). The command line is ``batchlab
 sweep``; docs/methods.md ("Sweeps") defines the budget rule, budget growth and what the table reports.
 """

@@ -28,6 +28,8 @@ config files", documents every key, with ``src/batchlab/sweep/examples/mnist_fc1
     train_examples = 10000     # absent: the whole training set
     seed = 0
     stop_at_goal = true        # the default (as for batchlab train and study)
+    race = false               # stop trials that can no longer be among a study's two best (status RACED)
+    batch_order = "trial"      # "trial": each trial its own batch order; "shared": one order per study
     grow_budget = false        # raise the budget of studies whose trials all ran out of steps
     # grow_factor = 2.0        # ... by this factor (decay and warmup steps stretch with the budget)
     # max_budget_growths = 2   # ... at most this many times
@@ -115,6 +117,8 @@ class SweepConfig(BaseModel):
     device: str = DEFAULT_DEVICE
     vectorize: Literal["auto", "always", "never"] = "auto"
     vectorize_trials: StrictInt = Field(default=16, ge=1, le=1024)
+    race: StrictBool = False
+    batch_order: Literal["trial", "shared"] = "trial"
     search_spaces: dict[str, dict[str, dict[str, Any]]] = Field(default_factory=dict)
 
     # Counts and switches are strict (TOML ``true`` is not the batch size 1, ``"yes"`` is not a switch);
@@ -192,6 +196,8 @@ class SweepConfig(BaseModel):
         bad = {b: s for b, s in self.budgets.items() if s < 1}
         if bad:
             raise ValueError(f"budgets: step budgets must be >= 1, got {bad}")
+        if self.race and not self.stop_at_goal:
+            raise ValueError("race needs trials that stop at the goal; allowed: race = true with stop_at_goal = true")
         if self.steps is not None and self.budget_epochs is not None:
             raise ValueError("steps (a fixed budget) and budget_epochs (an epoch budget) exclude each other; "
                              "allowed: one of them")

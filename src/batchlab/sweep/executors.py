@@ -40,12 +40,14 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "MKL_NUM_THR
 
 @dataclass
 class Outcome:
-    """What became of one submitted task: its ``result``, or ``lost`` (worker died), or ``error``."""
+    """What became of one submitted task: its ``result``, or ``lost`` (worker died), or ``error``; or
+    ``elsewhere``: another sweep driver published the task's trials (:mod:`batchlab.sweep.claims`)."""
 
     task: Any
     result: Any = None
     lost: bool = False
     error: BaseException | None = None
+    elsewhere: bool = False
 
 
 class Executor(abc.ABC):

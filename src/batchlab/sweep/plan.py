@@ -46,7 +46,9 @@ class StudyPlan:
     workload's own ``dataset/model`` name (the store's name and the trial keys use it; empty: the same
     as ``workload``). ``device`` is where its trials train (``SweepConfig.device``); ``device_type``
     the type it resolved to in the driver (``cpu``, ``cuda``, ``mps``), which the study definition
-    records when it is not ``cpu``.
+    records when it is not ``cpu``. ``race``: its trials are raced (:mod:`batchlab.train.race`; the
+    definition gets ``race``); ``data_order_seed``: the seed of the batch order its trials share
+    (``None``: each trial its own; the definition gets ``batch_order``).
     """
 
     workload: str
@@ -73,6 +75,8 @@ class StudyPlan:
     workload_name: str = ""
     device: str = "auto"
     device_type: str = "cpu"
+    race: bool = False
+    data_order_seed: int | None = None
 
     @property
     def store_workload(self) -> str:
@@ -105,11 +109,17 @@ class StudyPlan:
                      if self.stop_at_goal else None)
         # the device only when it is not the CPU, so CPU study ids (and every existing store) stay as they are
         device = {} if self.device_type == "cpu" else {"device": self.device_type}
+        # racing and a shared batch order only when used, so every other study id stays as it was
+        from batchlab.train.race import race_definition
+        from batchlab.train.trial import batch_order
+
+        extra = {**({"race": race_definition()} if self.race else {}), **batch_order(self.data_order_seed)}
         return make_study_definition(
             workload=self.store_workload, batch_size=self.batch_size, train_steps=self.steps,
             train_examples=self.train_examples, search_space=self.stretched_search_space, evaluation=evaluation,
             stop_rule=stop_rule, seed=self.seed, source="batchlab", sweep=self.sweep,
             budget_round=self.budget_round, budget_rule=self.budget_rule, schedule_stretch=self.stretch, **device,
+            **extra,
         )
 
     @cached_property
@@ -174,11 +184,20 @@ def stretch_search_space(space: dict[str, Any], factor: float) -> dict[str, Any]
 
 @dataclass(frozen=True)
 class TrialTask:
-    """Trials of one study that one worker runs, together when ``vectorized``."""
+    """Trials of one study that one worker runs, together when ``vectorized``.
+
+    A raced study (``study.race``) is one task holding all its trials to run, so they race each
+    other (:mod:`batchlab.train.race`): vectorized in groups of ``group_size`` (0: all at once),
+    one group after another, or one trial after another; ``race_prior`` holds the rank keys
+    ``(first step meeting the goal, trial id)`` of the study's trials published before (a resumed
+    or extended study), which the race starts from.
+    """
 
     study: StudyPlan
     trials: tuple[TrialPlan, ...]
     vectorized: bool
+    group_size: int = 0
+    race_prior: tuple[tuple[int, int], ...] = ()
 
     @property
     def key(self) -> str:
@@ -205,6 +224,9 @@ def sweep_settings(config: SweepConfig) -> dict[str, Any]:
         "train_examples": config.train_examples, "seed": config.seed, "stop_at_goal": config.stop_at_goal,
         "evaluations": config.evaluations, "resolution": config.resolution, "schedule": config.schedule,
         "search_spaces": config.search_spaces, "goal": config.goal,
+        # only when used: every sweep id from before racing and shared batch orders stays as it was
+        **({"race": True} if config.race else {}),
+        **({"batch_order": config.batch_order} if config.batch_order != "trial" else {}),
     }
 
 
@@ -252,17 +274,22 @@ def plan_studies(config: SweepConfig, device_type: str = "cpu") -> list[StudyPla
                         points=tuple(space.sample(config.trials, seed=config.seed)),
                         base_steps=steps, sweep=sweep, budget_rule=rule, resolution=config.resolution,
                         evaluation=evaluation, device=config.device, device_type=device_type,
+                        race=config.race, data_order_seed=config.seed if config.batch_order == "shared" else None,
                     )
                 )
     return studies
 
 
-def make_tasks(study: StudyPlan, trials: list[TrialPlan], vectorized: bool, group_size: int) -> list[TrialTask]:
+def make_tasks(study: StudyPlan, trials: list[TrialPlan], vectorized: bool, group_size: int,
+               race_prior: tuple[tuple[int, int], ...] = ()) -> list[TrialTask]:
     """Split ``trials`` of ``study`` into tasks: one per trial, or groups of ``group_size`` when vectorized.
 
     Vectorized groups follow point order (trials ``[0, K)``, ``[K, 2K)``, ... of the study, minus the
     finished ones), so a resumed sweep groups its remaining trials as an uninterrupted one would.
+    A raced study is one task (:class:`TrialTask`) with ``race_prior``.
     """
+    if study.race:
+        return [TrialTask(study, tuple(trials), vectorized, group_size if vectorized else 0, tuple(race_prior))] if trials else []
     if not vectorized:
         return [TrialTask(study, (t,), False) for t in trials]
     groups: dict[int, list[TrialPlan]] = {}

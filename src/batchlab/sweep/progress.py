@@ -13,11 +13,13 @@ resumed sweep include the trials finished before, once. Every number comes from 
 trials only (:func:`batchlab.sweep.runner.summarize`).
 
 :class:`JsonReporter` prints one JSON object per line on stdout instead (non-finite numbers as
-``null``): ``plan``, ``trial``, ``worker_lost``, ``budget_grown``, ``steps_to_result`` (one per
-workload and batch size, with ``steps_lower``, ``censored_at``, ``budget``, ``budget_round``,
-``study_id`` and ``sweep``), ``critical_batch_size`` (one per workload:
-:func:`batchlab.analysis.critical_batch_size.summarize_curve`) and ``done``. docs/methods.md,
-"Sweeps", defines each quantity. Both say on stderr when the sweep created its store.
+``null``): ``plan``, ``trial`` (a trial this driver ran), ``trials_by_others`` (trials of the sweep
+that another driver ran and published meanwhile, :mod:`batchlab.sweep.claims`), ``worker_lost``,
+``budget_grown``, ``steps_to_result`` (one per workload and batch size, with ``steps_lower``,
+``censored_at``, ``budget``, ``budget_round``, ``study_id`` and ``sweep``), ``critical_batch_size``
+(one per workload: :func:`batchlab.analysis.critical_batch_size.summarize_curve`) and ``done`` (with
+``trials_run``, ``trials_skipped`` and ``trials_by_others``). docs/methods.md, "Sweeps", defines each
+quantity. Both say on stderr when the sweep created its store.
 """
 
 from __future__ import annotations
@@ -71,6 +73,14 @@ class JsonReporter(Reporter):
             "study_done": progress.done, "study_diverged": progress.diverged, "study_remaining": progress.remaining,
         })
 
+    def trials_by_others(self, progress: StudyProgress, keys: list[str], totals: dict) -> None:
+        study = totals.get("study") or progress.study
+        self._line({
+            "event": "trials_by_others", "workload": study.store_workload, "batch_size": study.batch_size,
+            "trial_keys": keys, "budget_round": study.budget_round, "study_id": study.digest,
+            "study_done": progress.done, "study_diverged": progress.diverged, "study_remaining": progress.remaining,
+        })
+
     def worker_lost(self, keys: list[str]) -> None:
         self._line({"event": "worker_lost", "trial_keys": keys, "rerun": True})
 
@@ -94,7 +104,8 @@ class JsonReporter(Reporter):
             "event": "done", "sweep": summary.sweep_id, "store": summary.store_path,
             "wall_time_s": round(summary.wall_time_s, 3),
             "trials_run": summary.trials_run, "trials_skipped": summary.trials_skipped,
-            "workers_lost": summary.workers_lost, "budgets_grown": summary.grown,
+            "trials_by_others": summary.trials_by_others, "workers_lost": summary.workers_lost,
+            "budgets_grown": summary.grown,
             "executor": summary.executor, "workers": summary.workers,
         })
 
@@ -207,6 +218,9 @@ class RichReporter(Reporter):
         done = self.counts()["done"]
         if done - self._lines_at >= self.every_trials or time.monotonic() - self._last_line >= self.every_seconds:
             self._progress_line()
+
+    def trials_by_others(self, entry: StudyProgress, keys: list[str], totals: dict) -> None:
+        self.trial(entry, None, totals)  # the counts moved as for trials of this driver
 
     def worker_lost(self, keys: list[str]) -> None:
         self._say(f"a worker died; re-running {len(keys)} trial(s) it held")
@@ -338,7 +352,8 @@ class RichReporter(Reporter):
             line(note)
         line(
             f"{summary.trials_run} trials run, {summary.trials_skipped} already finished, "
-            f"{summary.workers_lost} lost to dead workers and re-run; {summary.wall_time_s:.1f} s; "
+            + (f"{summary.trials_by_others} run by other drivers, " if summary.trials_by_others else "")
+            + f"{summary.workers_lost} lost to dead workers and re-run; {summary.wall_time_s:.1f} s; "
             f"store {summary.store_path}; sweep {summary.sweep_id}"
         )
 

@@ -10,7 +10,7 @@ with other settings on one store are kept apart); it writes nothing. :func:`run_
 publishes each finished task's trials, with their study definition, in one atomic store commit.
 The summary (steps to result per batch size, S(B) fits) reads only this sweep's own trials: the
 planned trials of the budget rounds it ran, never other trials in the store for that workload
-and batch size. The driver is the only writer, so:
+and batch size. The driver is the only writer of its trials, so:
 
 * a SIGKILL of the driver loses the tasks in flight (workers die with it) and nothing else; the
   next run skips every published trial and re-runs the others, with the same ids, seeds and points;
@@ -19,6 +19,13 @@ and batch size. The driver is the only writer, so:
 * Ctrl-C (KeyboardInterrupt) aborts the executor and raises :class:`SweepInterrupted`, which says
   how many of the sweep's trials are in the store; ``batchlab sweep`` prints it as one line and exits
   with status 130.
+
+Several drivers may run the same sweep into one store at once (on one machine, or on machines that
+share the store's file system): every trial is claimed before it runs (:mod:`batchlab.sweep.claims`),
+a trial claimed by another live driver is not run but awaited until it is published (or taken over
+when its driver dies), so the drivers share the work and each ends with the whole sweep's table.
+Each driver's ``trials_run`` and ``trial`` events count only the trials it ran;
+``trials_by_others`` the trials of its sweep that other drivers published while it ran.
 
 Workloads reach the workers as the string :func:`batchlab.workloads.workload_key` gives (a registered
 name or a reference that workers re-import); a workload registered only in this process cannot be
@@ -108,12 +115,14 @@ class Reporter:
 
     ``start`` comes once, after the trials finished before this run are counted in every study's
     :class:`StudyProgress`; ``trial`` after each trial this run publishes (its study's counts
-    already updated); ``budget_grown`` when a study gets a grown round (its trials finished before
+    already updated); ``trials_by_others`` when trials of the sweep that another driver ran were
+    published (:mod:`batchlab.sweep.claims`; the study's counts already include them); ``budget_grown`` when a study gets a grown round (its trials finished before
     this run are counted right after); ``finish`` with the summary. ``close`` stops any live display
     (the command line calls it when the sweep is interrupted)."""
 
     def start(self, plan: SweepPlan, progress: list[StudyProgress], info: dict) -> None: ...
     def trial(self, progress: StudyProgress, outcome: TrialOutcome, totals: dict) -> None: ...
+    def trials_by_others(self, progress: StudyProgress, keys: list[str], totals: dict) -> None: ...
     def study_added(self, progress: StudyProgress) -> None: ...
     def worker_lost(self, keys: list[str]) -> None: ...
     def budget_grown(self, old: StudyPlan, new: StudyPlan) -> None: ...
@@ -143,6 +152,8 @@ class SweepSummary:
     studies: dict[str, dict[int, list[dict]]] = field(default_factory=dict)
     # store workload -> batch size -> {status: trials} of the reported round (all statuses, published trials)
     statuses: dict[str, dict[int, dict[str, int]]] = field(default_factory=dict)
+    # trials of the sweep that other drivers ran and published while this one ran (sweep.claims)
+    trials_by_others: int = 0
 
 
 def prepare_sweep(config: SweepConfig, store_path: str | None = None) -> SweepPlan:
@@ -280,9 +291,12 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
     ``executor_factory(run_task, workers=, dask=, scheduler=, device=)`` and returns an
     :class:`~batchlab.sweep.executors.Executor`.
 
+    Tasks run through a :class:`batchlab.sweep.claims.ClaimingExecutor`: a trial runs only once this
+    driver has claimed it, so concurrent drivers on the store share the trials.
+
     Raises:
-        SweepInterrupted: on Ctrl-C (KeyboardInterrupt), after aborting the executor; the trials
-            published so far stay in the store.
+        SweepInterrupted: on Ctrl-C (KeyboardInterrupt), after aborting the executor and releasing
+            this driver's claims; the trials published so far stay in the store.
         BatchlabError: a workload pool or Dask workers cannot import (see the module docstring).
     """
     from batchlab.sweep.executors import make_executor
@@ -297,19 +311,26 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
     # The executor first: an unreachable scheduler fails before the store is created.
     executor = factory(run_task, workers=workers, dask=config.uses_dask, scheduler=config.scheduler,
                        device=config.device)
+    claims = None
     try:
         from batchlab.store import Store
+        from batchlab.sweep.claims import ClaimingExecutor, TrialClaims
 
         store, created = Store.open_or_create(plan.store_path)
+        claims = TrialClaims(store)
+        claims.collect_dead()  # claims left by drivers that died
         finished = store.finished_trial_keys()
         diverged_before = set() if created else _diverged_keys(store)
     except BaseException:
         executor.abort()
+        if claims is not None:
+            claims.close()
         raise
+    executor = ClaimingExecutor(executor, claims, store.finished_trial_keys)
 
     progress: dict[tuple[str, int], StudyProgress] = {}
     round_state: dict[tuple[str, int, int], dict] = {}  # per study round: pending keys, outcomes
-    counters = {"run": 0, "skipped": 0, "lost": 0}
+    counters = {"run": 0, "skipped": 0, "lost": 0, "others": 0}
     grown: list[dict] = []
 
     def study_id(study: StudyPlan) -> tuple[str, int]:
@@ -334,9 +355,14 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
         }
         entry.vectorized = should_vectorize(config, study, plan.num_parameters[study.workload])
         group = config.vectorize_trials
-        if entry.vectorized:  # K shrinks when there would be fewer tasks than workers
+        if entry.vectorized and not study.race:  # K shrinks when there would be fewer tasks than workers
             group = max(1, min(group, math.ceil(planned_todo / workers)))
-        tasks = make_tasks(study, todo, entry.vectorized, group)
+        prior: tuple = ()
+        if study.race and len(todo) < len(trials):  # a resumed or extended raced study races its published trials
+            from batchlab.train.race import published_keys
+
+            prior = tuple(published_keys(store, study.digest, study.metric, analysis_goal(config, study), study.maximize))
+        tasks = make_tasks(study, todo, entry.vectorized, group, prior)
         if initial is not None:
             initial.extend(tasks)
         else:
@@ -360,6 +386,24 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
             reporter.budget_grown(study, bigger)
             submit_round(bigger)
 
+    def published_by_others(study: StudyPlan, keys: list[str]) -> None:
+        """Count trials of ``study`` that another driver ran and published during this run."""
+        entry = progress[study_id(study)]
+        state = round_state[(*study_id(study), study.budget_round)]
+        keys = [key for key in keys if key in state["pending"]]
+        if not keys:
+            return
+        for key in keys:
+            finished.add(key)
+            state["pending"].discard(key)
+        entry.done += len(keys)
+        entry.diverged += len(_diverged_keys(store, keys))
+        counters["others"] += len(keys)
+        reporter.trials_by_others(entry, keys, {"run": counters["run"], "skipped": counters["skipped"],
+                                                "others": counters["others"], "study": study})
+        if not state["pending"]:
+            finish_round(study)
+
     planned_todo = sum(1 for s in plan.studies for t in s.trial_plans() if t.key not in finished)
     for study in plan.studies:
         progress[study_id(study)] = StudyProgress(study=study, total=study.trials)
@@ -378,13 +422,17 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
         initial = None
         for outcome in executor.outcomes():
             task: TrialTask = outcome.task
+            if outcome.elsewhere:  # another driver ran and published these trials
+                published_by_others(task.study, [t.key for t in task.trials])
+                continue
             if outcome.lost:
                 counters["lost"] += 1
                 reporter.worker_lost([t.key for t in task.trials])
-                finished |= store.finished_trial_keys()
+                now = store.finished_trial_keys()  # its trials another driver published meanwhile are not re-run
+                published_by_others(task.study, [t.key for t in task.trials if t.key in now])
                 rerun = [t for t in task.trials if t.key not in finished]
                 if rerun:
-                    executor.submit(TrialTask(task.study, tuple(rerun), task.vectorized))
+                    executor.submit(replace(task, trials=tuple(rerun)))  # keeps its group size and race
                 continue
             if outcome.error is not None:
                 error = outcome.error
@@ -423,15 +471,18 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
     return summary
 
 
-def _diverged_keys(store) -> set[str]:
-    """Keys of the store's published trials that diverged (status INFEASIBLE)."""
+def _diverged_keys(store, keys: list[str] | None = None) -> set[str]:
+    """Keys of the store's published trials (of ``keys`` only, if given) that diverged (status INFEASIBLE)."""
     from batchlab.train.core import INFEASIBLE
 
+    if keys is not None and not keys:
+        return set()
     con = store.connect()
     try:
-        return {key for (key,) in con.execute("SELECT trial_key FROM trials WHERE status = ?", [INFEASIBLE]).fetchall()}
+        found = {key for (key,) in con.execute("SELECT trial_key FROM trials WHERE status = ?", [INFEASIBLE]).fetchall()}
     finally:
         con.close()
+    return found if keys is None else found & set(keys)
 
 
 def _publish(store, task: TrialTask, outcomes: list[TrialOutcome]) -> None:
@@ -540,7 +591,7 @@ def summarize(store, plan: SweepPlan, wall_time_s: float, counters: dict, grown:
         store_path=plan.store_path, wall_time_s=wall_time_s, trials_run=counters["run"],
         trials_skipped=counters["skipped"], workers_lost=counters["lost"], grown=grown, results=results,
         fits=fits, fit_errors=errors, executor=executor, workers=workers, goals=goals, sweep_id=plan.sweep_id,
-        studies=per_study, statuses=counts,
+        studies=per_study, statuses=counts, trials_by_others=counters.get("others", 0),
     )
 
 

@@ -3,24 +3,49 @@
 For a small model a CPU training step is dominated by per-operation overhead, not arithmetic, so
 running K trials (same architecture and batch size, different metaparameters and seeds) as one
 computation removes most of it: the K parameter sets are stacked (``torch.func.stack_module_state``)
-and one ``torch.func.vmap`` of ``grad_and_value(functional_call(...))`` computes all K batch losses
-and gradients per step. Each trial keeps its own learning rate and schedule, optimizer state, data
-order (its own :class:`batchlab.train.sampling.BatchSampler`) and divergence monitor. A trial that
-stops (diverged, a non-finite evaluation, or the goal reached with ``stop_at_goal``) is dropped from
-the stacked state, so the others go on at a smaller K.
+and one step computes all K batch losses and gradients. Each trial keeps its own learning rate and
+schedule, optimizer state, data order (its own :class:`batchlab.train.sampling.BatchSampler`) and
+divergence monitor. A trial that stops (diverged, a non-finite evaluation, the goal reached with
+``stop_at_goal``, or stopped by racing) is dropped from the stacked state, so the others go on at a
+smaller K.
+
+How one step is computed (:class:`StackedTrials`):
+
+* **Own batch orders** (the default): one ``torch.func.vmap`` of
+  ``grad_and_value(functional_call(...))`` over the stacked parameters and the K stacked batches
+  ``(K, B, ...)``.
+* **Shared batch order** (every spec has the same ``data_order_seed``, :func:`shared_order_seed`):
+  all K trials draw the same batches, so ONE batch ``(B, ...)`` is gathered per step and fed to all
+  of them. For a multilayer perceptron (an ``nn.Sequential`` of an optional ``Flatten`` then
+  ``Linear``/``ReLU`` layers ending in a ``Linear``: the built-in ``fc_*`` workloads,
+  :func:`mlp_layers`) the step is *fused*: the first layer of the K models is one matrix product
+  ``(B, d) x (d, K*h)`` (and its weight gradient one ``(K*h, B) x (B, d)``), the later layers batched
+  products (``baddbmm``), the K losses one ``vmap`` of the workload's loss, and the gradients one
+  ``torch.autograd.grad`` of their sum (trial k's loss depends only on trial k's parameters, so each
+  trial gets exactly its own gradient). Other models run ``vmap`` with the batch unbatched
+  (``in_dims=None``).
+* **Evaluation**: at a *full* evaluation step (every split measured, the same examples for every
+  trial) the K models are evaluated together (:func:`measure_stacked`: inference mode, each
+  evaluation batch through the K models at once, the fused forward for an MLP, else ``vmap`` of
+  ``functional_call``), each trial's metric sums taken by the workload's task
+  (``workload.task.batch_sums``) exactly as ``batchlab.train.evaluation.measure`` streams them.
+  Goal-only steps and the replay's goal measurements measure one trial at a time with ``measure``.
 
 The contract is :func:`batchlab.train.run_trial`'s, step for step, because both are written on the
 same core (:mod:`batchlab.train.core`): the same loop (``train_loop``), the same batches (the
-workload's training split on the trial's device), the same divergence rule, the same evaluation
-schedule and metrics (``batchlab.train.evaluation.measure`` on the same model class, one trial at a
-time), the same bookkeeping (``TrialProgress``: statuses, ``STOPPED_AT_GOAL``, the brackets
-``(steps_lower, steps_to_goal]``) and the same replay of the bracket where the goal is first met
-(``replay_bracket``, here for all trials that first meet it at one evaluation together, from a copy
-of the stacked state). The update rules are the optimizer registry's vectorized updates
+workload's training split on the trial's device; a shared order gives every sequential trial the
+same batches too), the same divergence rule, the same evaluation schedule and metrics, the same
+bookkeeping (``TrialProgress``: statuses, ``STOPPED_AT_GOAL``, the brackets
+``(steps_lower, steps_to_goal]``), racing, and the same replay of the bracket where the goal is first
+met (``replay_bracket``, here for all trials that first meet it at one evaluation together, from a
+copy of the stacked state). The update rules are the optimizer registry's vectorized updates
 (``batchlab.optim.get_optimizer(name).vectorized``: torch.optim's formulas written out, because
 torch.optim cannot hold a per-trial learning rate on stacked parameters). Measurements agree with
 sequential runs up to floating-point rounding (batched and unbatched matrix products round
 differently), which the tests bound.
+
+Whether vectorizing pays is measured, not assumed (:func:`vectorization_pays`): a few steps and one
+evaluation batch of both paths are timed on copies, and the cheaper per trial wins.
 
 Supported: optimizers whose registry entry has a ``vectorized`` update
 (:func:`batchlab.optim.vectorized_optimizer_names`: sgd, momentum, nesterov, adam); any
@@ -37,10 +62,14 @@ evaluations are on the trials' device (all K share one).
 from __future__ import annotations
 
 import copy
+import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from batchlab.errors import BatchlabError
 from batchlab.optim.schedules import learning_rate_multiplier
@@ -50,7 +79,12 @@ from batchlab.train.device import fork_rng
 from batchlab.train.divergence import DivergenceMonitor
 from batchlab.train.evaluation import measure
 from batchlab.train.sampling import BatchSampler
-from batchlab.train.trial import new_progress, trial_result
+from batchlab.train.trial import new_progress, new_racer, order_seed, trial_result
+
+__all__ = [
+    "NotVectorizable", "StackedTrials", "VectorizationCost", "measure_stacked", "mlp_layers", "run_trials_vectorized",
+    "shared_order_seed", "vectorization_costs", "vectorization_obstacle", "vectorization_pays",
+]
 
 
 class NotVectorizable(BatchlabError):
@@ -64,7 +98,7 @@ def vectorization_obstacle(specs: list[TrialSpec]) -> str | None:
     They must share workload, optimizer (one with a vectorized update in the registry), batch size,
     step budget, training set, evaluation schedule (explicit steps, resolution, evaluations,
     evaluation budget, refine mode), ``stop_at_goal``, ``goal``, device and ``label_smoothing``, and
-    use no weight EMA.
+    use no weight EMA. Their batch orders may differ (a shared one is faster: the module docstring).
     """
     from batchlab.optim import get_optimizer, vectorized_optimizer_names
 
@@ -89,12 +123,267 @@ def vectorization_obstacle(specs: list[TrialSpec]) -> str | None:
     return None
 
 
+def shared_order_seed(specs: list[TrialSpec]) -> int | None:
+    """The batch-order seed all ``specs`` share (every ``data_order_seed`` the same int), else ``None``
+    (each trial draws its own batches). With a shared order the K trials are fed one batch per step."""
+    seeds = {getattr(spec, "data_order_seed", None) for spec in specs}
+    if len(seeds) != 1 or None in seeds:
+        return None
+    return int(seeds.pop())
+
+
 def _schedule(hyper: dict[str, Any], total: int) -> tuple[float, int | None, float, int]:
     """``(learning_rate, decay_steps, end_factor, warmup_steps)`` of one trial's resolved hyperparameters."""
     decay = hyper["learning_rate_decay_steps"]
     if decay is None and hyper["end_learning_rate_factor"] is not None:
         decay = total
     return hyper["learning_rate"], decay, hyper["end_learning_rate_factor"] or 0.0, hyper["warmup_steps"]
+
+
+# --- the fused multilayer perceptron ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MLPLayers:
+    """The layout of an ``nn.Sequential`` MLP: ``flatten`` (a leading ``nn.Flatten()``) and, per
+    ``Linear`` layer, the names of its weight and bias (``None``: no bias) in ``named_parameters``."""
+
+    flatten: bool
+    layers: tuple[tuple[str, str | None], ...]
+
+
+def mlp_layers(model: nn.Module) -> MLPLayers | None:
+    """The :class:`MLPLayers` of ``model`` if it is exactly ``nn.Sequential([nn.Flatten()], Linear,
+    ReLU, Linear, ..., ReLU, Linear)`` (the classes themselves, no subclasses; Flatten over all but the
+    first dimension), else ``None``: the models whose K copies the fused path computes."""
+    if type(model) is not nn.Sequential:
+        return None
+    children = list(model.named_children())
+    flatten = bool(children) and type(children[0][1]) is nn.Flatten
+    if flatten:
+        if (children[0][1].start_dim, children[0][1].end_dim) != (1, -1):
+            return None
+        children = children[1:]
+    if len(children) % 2 == 0:  # empty, or not ending in a Linear layer
+        return None
+    layers = []
+    for position, (name, module) in enumerate(children):
+        if position % 2 == 1:
+            if type(module) is not nn.ReLU:
+                return None
+            continue
+        if type(module) is not nn.Linear:
+            return None
+        layers.append((f"{name}.weight", f"{name}.bias" if module.bias is not None else None))
+    return MLPLayers(flatten, tuple(layers))
+
+
+def _mlp_forward(mlp: MLPLayers, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """The outputs ``(K, N, out)`` of the K stacked MLPs ``params`` (each ``(K, ...)``) on ONE input ``x``
+    (``(N, ...)``): the first layer as one matrix product ``(N, d) x (d, K*h)``, the others batched."""
+    inputs = x.flatten(1) if mlp.flatten else x
+    (weight_name, bias_name), rest = mlp.layers[0], mlp.layers[1:]
+    weight = params[weight_name]
+    k, h, d = weight.shape
+    flat = weight.reshape(k * h, d).t()
+    z = torch.addmm(params[bias_name].reshape(k * h), inputs, flat) if bias_name else inputs @ flat
+    z = z.view(inputs.shape[0], k, h).transpose(0, 1)  # (K, N, h), a view: trial k's columns
+    for weight_name, bias_name in rest:
+        weight = params[weight_name].transpose(1, 2)
+        z = z.relu()
+        z = torch.baddbmm(params[bias_name].unsqueeze(1), z, weight) if bias_name else torch.bmm(z, weight)
+    return z
+
+
+# --- the stacked computation ------------------------------------------------------------------------------
+
+
+class StackedTrials:
+    """K prepared trials (:func:`batchlab.train.prepare_trial`) as one stacked computation: their
+    stacked parameters, buffers and optimizer state, the batch of a step, one update, the forward pass
+    of all K on one input. What :func:`run_trials_vectorized` runs and :func:`vectorization_costs` times.
+
+    ``shared``: the trials share one batch order (:func:`shared_order_seed`); ``fused``: the model is
+    an MLP computed by the fused path (:func:`mlp_layers`; only with a shared order). Raises
+    :class:`NotVectorizable` when the models cannot be stacked or the model cannot run vectorized
+    (``check``, the module docstring).
+    """
+
+    def __init__(self, prepared: list, check: bool = True) -> None:
+        from batchlab.optim import get_optimizer
+
+        first = prepared[0]
+        self.prepared = prepared
+        self.workload, self.device, total = first.workload, first.device, first.steps
+        self.batch_size = batch_size = int(first.spec.batch_size)
+        self.batch = batch_source(first.train, self.device)
+        self.update_rule = get_optimizer(first.spec.optimizer).vectorized
+        label_smoothing = float(first.parameters.get("label_smoothing") or 0.0)
+        self.hyper = [dict(p.algorithm.hyperparameters) for p in prepared]  # resolved: every hyperparameter with its value
+        self.schedules = [_schedule(h, total) for h in self.hyper]
+        samplers = [BatchSampler(p.num_train, batch_size, order_seed(p.spec)) for p in prepared]
+        self.samplers = samplers
+        self.shared = shared_order_seed([p.spec for p in prepared]) is not None
+
+        models = [p.model for p in prepared]
+        try:
+            params, buffers = torch.func.stack_module_state(models)
+        except RuntimeError as exc:  # e.g. a model class defined inside make_model: one class per trial
+            raise NotVectorizable(f"cannot vectorize these trials: {' '.join(str(exc).split())}") from exc
+        self.params = {k: v.detach() for k, v in params.items()}
+        self.buffers = buffers
+        self.opt_state: dict[str, dict[str, torch.Tensor]] = {
+            name: {k: torch.zeros_like(v) for k, v in self.params.items()} for name in self.update_rule.state_names
+        }
+        self.eval_model = copy.deepcopy(models[0])  # one trial at a time: goal-only steps, replays
+        mlp = mlp_layers(models[0]) if not buffers else None
+        self.fused = self.shared and mlp is not None
+        workload = self.workload
+
+        def loss(outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return workload.loss(outputs, y, label_smoothing=label_smoothing)
+
+        base = copy.deepcopy(models[0]).to("meta")
+        eval_base = copy.deepcopy(models[0]).to("meta").eval()
+
+        def batch_loss(p, b, x, y):
+            return loss(torch.func.functional_call(base, (p, b), (x,)), y)
+
+        if self.fused:
+            per_trial_loss = torch.func.vmap(loss, in_dims=(0, None))
+
+            def grad_and_loss(p, b, x, y):
+                leaves = {name: value.detach().requires_grad_() for name, value in p.items()}
+                with torch.enable_grad():
+                    losses = per_trial_loss(_mlp_forward(mlp, leaves, x), y)
+                    grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
+                return dict(zip(leaves, grads)), losses.detach()
+
+            self.grad_and_loss = grad_and_loss
+            self.forward = lambda p, b, x: _mlp_forward(mlp, p, x)
+        else:
+            in_dims = (0, 0, None, None) if self.shared else (0, 0, 0, 0)
+            self.grad_and_loss = torch.func.vmap(torch.func.grad_and_value(batch_loss), in_dims=in_dims)
+            self.forward = torch.func.vmap(
+                lambda p, b, x: torch.func.functional_call(eval_base, (p, b), (x,)), in_dims=(0, 0, None))
+        if check:
+            _check_model(self.grad_and_loss, self.params, self.buffers, self.batch_of(list(range(len(prepared))), 0),
+                         self.device)
+
+    def batch_of(self, trials: list[int], step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch of update ``step`` of ``trials``: one ``(B, ...)`` batch with a shared order, else
+        their batches stacked ``(K, B, ...)``."""
+        if self.shared:
+            return self.batch(self.samplers[trials[0]].indices(step))
+        flat = torch.stack([self.samplers[i].indices(step) for i in trials]).reshape(-1)
+        x, y = self.batch(flat)
+        k, b = len(trials), self.batch_size
+        return x.reshape(k, b, *x.shape[1:]), y.reshape(k, b, *y.shape[1:])
+
+    def advance(self, params: dict, buffers: dict, opt_state: dict, trials: list[int], step: int) -> list[float]:
+        """One update (``step`` is 0-based) of the stacked ``trials`` (rows of ``params``...) in place;
+        their batch losses."""
+        x, y = self.batch_of(trials, step)
+        grads, losses = self.grad_and_loss(params, buffers, x, y)
+        hyper, schedules, device = self.hyper, self.schedules, self.device
+        lr = torch.tensor(
+            [schedules[i][0] * learning_rate_multiplier(step, *schedules[i][1:]) for i in trials],
+            dtype=torch.float32, device=device,
+        )
+
+        def column(name: str) -> torch.Tensor:
+            return torch.tensor([hyper[i][name] for i in trials], dtype=torch.float32, device=device)
+
+        with torch.no_grad():
+            self.update_rule.update(params, grads, opt_state, lr, column, step + 1,
+                                    any(hyper[i]["weight_decay"] for i in trials))
+        return losses.tolist()
+
+    def evaluates_together(self) -> bool:
+        """Whether full evaluations can go through :func:`measure_stacked`: the workload evaluates with
+        its task's batch sums (``Workload.evaluate`` itself, not a subclass's own)."""
+        from batchlab.workloads.base import Workload
+
+        return getattr(type(self.workload), "evaluate", None) is Workload.evaluate
+
+    def measure_rows(self, params: dict, buffers: dict, splits: dict) -> list[dict[str, float]]:
+        """:func:`measure_stacked` of the stacked ``params`` on ``splits``: one metrics dict per row,
+        in the evaluation batches a single trial's model (``eval_model``) is measured in."""
+        return measure_stacked(self.workload, lambda x: self.forward(params, buffers, x), splits, self.device,
+                               model=self.eval_model)
+
+    def measure_row(self, params: dict, row: int, splits: dict) -> dict[str, float]:
+        """``measure`` of the model in row ``row`` of ``params`` alone (copied into ``eval_model``)."""
+        with torch.no_grad():
+            for name, p in self.eval_model.named_parameters():
+                p.copy_(params[name][row])
+        return measure(self.workload, self.eval_model, splits)
+
+
+def measure_stacked(workload: Any, forward: Callable[[torch.Tensor], torch.Tensor], splits: dict[str, Any],
+                    device: torch.device | str = "cpu", model: nn.Module | None = None) -> list[dict[str, float]]:
+    """Evaluate K models together: ``forward(x)`` gives their outputs ``(K, N, ...)`` on one input batch
+    ``x`` (``(N, ...)``); returns K dicts ``{"<split>/<metric>": value}``, each what
+    :func:`batchlab.train.evaluation.measure` gives for that model up to floating-point rounding.
+
+    Per split (a :class:`batchlab.workloads.data.DataSplit` or an ``(x, y)`` pair), as
+    ``Workload.evaluate`` streams it (:func:`batchlab.workloads.metrics.evaluate_split`): the
+    workload's fixed subset (``eval_examples``), consecutive batches of ``eval_batch_size`` (when the
+    workload sets none, the default rule's batch for ``model``, one of the K models' architecture:
+    the batches a sequential evaluation uses) moved to ``device``, each model's
+    ``workload.task.batch_sums`` of its outputs summed (floating sums in float64, integers as
+    integers), then ``total / count``. Runs under ``torch.inference_mode``; ``forward`` must not
+    depend on training mode (the stacked models have no dropout or batch norm).
+
+    Raises:
+        BatchlabError: an unknown or empty split (as ``measure``), or no ``eval_batch_size`` and no ``model``.
+    """
+    from batchlab.workloads.data import as_split
+    from batchlab.workloads.metrics import check_split, fixed_subset
+
+    caps = workload.eval_examples or {}
+    rows: list[dict[str, float]] | None = None
+    with torch.inference_mode():
+        for split, data in splits.items():
+            check_split(split)
+            part = as_split(data, split)
+            if len(part) == 0:
+                raise BatchlabError(f"evaluation needs at least one example; the {split} split is empty")
+            subset = fixed_subset(len(part), caps.get(split))
+            if subset is not None:
+                part = part.subset(subset)
+            size = _eval_batch_size(workload, model, part, device)
+            totals: list[dict[str, Any]] = []
+            counts: list[dict[str, Any]] = []
+            for xb, yb in part.batches(size):
+                xb, yb = xb.to(device), yb.to(device)
+                outputs = forward(xb)
+                if not totals:
+                    totals, counts = [{} for _ in range(len(outputs))], [{} for _ in range(len(outputs))]
+                for r in range(len(outputs)):
+                    for name, (total, count) in workload.task.batch_sums(outputs[r], yb).items():
+                        if isinstance(total, torch.Tensor) and total.is_floating_point() and total.dtype != torch.float64:
+                            total = total.double()
+                        totals[r][name] = totals[r].get(name, 0) + total
+                        counts[r][name] = counts[r].get(name, 0) + count
+            if rows is None:
+                rows = [{} for _ in totals]
+            for r, row in enumerate(rows):
+                for name, total in totals[r].items():
+                    row[f"{split}/{name}"] = float(total) / counts[r][name] if counts[r][name] else math.nan
+    return rows or []
+
+
+def _eval_batch_size(workload: Any, model: nn.Module | None, part: Any, device: torch.device | str) -> int:
+    """The evaluation batch of ``part`` (a DataSplit): the workload's ``eval_batch_size``, else the
+    default rule's batch for ``model`` (:func:`batchlab.workloads.metrics.default_eval_batch_size`)."""
+    if workload.eval_batch_size is not None:
+        return int(workload.eval_batch_size)
+    if model is None:
+        raise BatchlabError("measure_stacked needs the model (one of the K) for the default evaluation batch")
+    from batchlab.workloads.metrics import default_eval_batch_size
+
+    return default_eval_batch_size(model, part.batch(torch.arange(1))[0].to(device))
 
 
 def _check_model(grad_and_loss: Any, params: dict, buffers: dict, first_batch: tuple, device: torch.device) -> None:
@@ -119,11 +408,13 @@ def _check_model(grad_and_loss: Any, params: dict, buffers: dict, first_batch: t
                               f"({', '.join(changed)}; batch norm running statistics?)")
 
 
-def run_trials_vectorized(specs: list[TrialSpec]) -> list[TrialResult]:
+def run_trials_vectorized(specs: list[TrialSpec], race: Any = None) -> list[TrialResult]:
     """Run ``specs`` as one vectorized computation; one :class:`TrialResult` per spec, in order.
 
     Writes nothing (the sweep's driver stores the results). ``wall_time_s`` of each result is the
-    whole batched run's time divided by K (the cost per trial).
+    whole batched run's time divided by K (the cost per trial). ``race``: the
+    :class:`batchlab.train.race.Race` of the specs' study (``None``: no racing): each evaluation
+    stops, status ``RACED``, the trials that can no longer be among the study's best.
 
     Raises:
         NotVectorizable: the specs cannot be vectorized (:func:`vectorization_obstacle`), or their
@@ -131,75 +422,24 @@ def run_trials_vectorized(specs: list[TrialSpec]) -> list[TrialResult]:
             differ between the trials: the module docstring); nothing has been trained.
         BatchlabError: a spec is invalid (as :func:`batchlab.train.run_trial` would raise).
     """
-    from batchlab.optim import get_optimizer
-
     obstacle = vectorization_obstacle(specs)
     if obstacle is not None:
         raise NotVectorizable(f"cannot vectorize these trials: {obstacle}")
     prepared = [prepare_trial(spec) for spec in specs]  # validation, data, initial models: as run_trial
     first = prepared[0]
-    workload, total, device = first.workload, first.steps, first.device
-    batch_size = int(first.spec.batch_size)
-    batch = batch_source(first.train, device)
-    update_rule = get_optimizer(first.spec.optimizer).vectorized
-    label_smoothing = float(first.parameters.get("label_smoothing") or 0.0)
+    total, device = first.steps, first.device
+    stack = StackedTrials(prepared)
+    params, buffers, opt_state = stack.params, stack.buffers, stack.opt_state
 
     progress = [new_progress(p) for p in prepared]
-    hyper = [dict(p.algorithm.hyperparameters) for p in prepared]  # resolved: every hyperparameter with its value
-    schedules = [_schedule(h, total) for h in hyper]
-    samplers = [BatchSampler(p.num_train, batch_size, int(p.spec.seed)) for p in prepared]
+    # racing (batchlab.train.race): each evaluation stops the trials that can no longer be among the best
+    racer = None if race is None else new_racer(race, first, {i: int(p.spec.trial_id or 0) for i, p in enumerate(prepared)})
     monitors = [DivergenceMonitor() for _ in prepared]
+    together = stack.evaluates_together()  # full evaluations of all K at once (measure_stacked)
 
-    models = [p.model for p in prepared]
-    try:
-        params, buffers = torch.func.stack_module_state(models)
-    except RuntimeError as exc:  # e.g. a model class defined inside make_model: one class per trial
-        raise NotVectorizable(f"cannot vectorize these trials: {' '.join(str(exc).split())}") from exc
-    params = {k: v.detach() for k, v in params.items()}
-    base = copy.deepcopy(models[0]).to("meta")
-    eval_model = copy.deepcopy(models[0])
-
-    def batch_loss(p, b, x, y):
-        outputs = torch.func.functional_call(base, (p, b), (x,))
-        return workload.loss(outputs, y, label_smoothing=label_smoothing)
-
-    grad_and_loss = torch.func.vmap(torch.func.grad_and_value(batch_loss))
-
-    def stacked_batch(trials: list[int], step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The batches of update ``step`` of ``trials``, stacked: ``(K, batch_size, ...)``."""
-        flat = torch.stack([samplers[i].indices(step) for i in trials]).reshape(-1)
-        x, y = batch(flat)
-        return x.reshape(len(trials), batch_size, *x.shape[1:]), y.reshape(len(trials), batch_size, *y.shape[1:])
-
-    _check_model(grad_and_loss, params, buffers, stacked_batch(list(range(len(specs))), 0), device)
-    opt_state: dict[str, dict[str, torch.Tensor]] = {
-        name: {k: torch.zeros_like(v) for k, v in params.items()} for name in update_rule.state_names
-    }
     active = list(range(len(specs)))  # row r of the stacked tensors is trial active[r]
     refine_steps = first.refine_steps  # the same for every trial (same budget, schedule and resolution)
     snapshot: dict | None = None  # stacked state at the last evaluation while some trial's goal is unmet
-
-    def advance(params, buffers, opt_state, trials: list[int], step: int) -> list[float]:
-        """One update (``step`` is 0-based) of the stacked ``trials`` in place; their batch losses."""
-        x, y = stacked_batch(trials, step)
-        grads, losses = grad_and_loss(params, buffers, x, y)
-        lr = torch.tensor(
-            [schedules[i][0] * learning_rate_multiplier(step, *schedules[i][1:]) for i in trials],
-            dtype=torch.float32, device=device,
-        )
-
-        def column(name: str) -> torch.Tensor:
-            return torch.tensor([hyper[i][name] for i in trials], dtype=torch.float32, device=device)
-
-        with torch.no_grad():
-            update_rule.update(params, grads, opt_state, lr, column, step + 1, any(hyper[i]["weight_decay"] for i in trials))
-        return losses.tolist()
-
-    def measure_row(stacked: dict, row: int, splits) -> dict[str, float]:
-        with torch.no_grad():
-            for name, p in eval_model.named_parameters():
-                p.copy_(stacked[name][row])
-        return measure(workload, eval_model, splits)
 
     def select(rows: list[int], p: dict, b: dict, o: dict) -> tuple[dict, dict, dict]:
         index = torch.tensor(rows, dtype=torch.long, device=device)
@@ -239,12 +479,12 @@ def run_trials_vectorized(specs: list[TrialSpec]) -> list[TrialResult]:
 
         def measure_copy(i: int, step: int) -> dict[str, float]:
             goal_split = prepared[i].goal_split
-            return measure_row(p, rows[i], {goal_split: prepared[i].eval_splits[goal_split]})
+            return stack.measure_row(p, rows[i], {goal_split: prepared[i].eval_splits[goal_split]})
 
-        return replay_bracket(reached, steps, begin, lambda step: advance(p, b, o, trials, step), measure_copy)
+        return replay_bracket(reached, steps, begin, lambda step: stack.advance(p, b, o, trials, step), measure_copy)
 
     def update(step: int) -> bool:
-        losses = advance(params, buffers, opt_state, active, step)
+        losses = stack.advance(params, buffers, opt_state, active, step)
         for i, loss in zip(active, losses):
             progress[i].steps = step + 1
             if monitors[i].diverged(loss):
@@ -253,9 +493,18 @@ def run_trials_vectorized(specs: list[TrialSpec]) -> list[TrialResult]:
 
     def evaluate(step: int) -> bool:
         rows = {i: r for r, i in enumerate(active)}
-        evaluate_trials(step, [(i, progress[i]) for i in active],
-                        lambda i: measure_row(params, rows[i], prepared[i].splits_at(step)),
-                        replay if refine_steps else None)
+        measured: dict[int, dict[str, float]] = {}
+        if together and step in first.full_steps and len(active) > 1:
+            # a full step: every trial measures the same splits (same examples): all K at once
+            measured = dict(zip(active, stack.measure_rows(params, buffers, first.splits_at(step))))
+
+        def measure_one(i: int) -> dict[str, float]:
+            if i in measured:
+                return measured[i]
+            return stack.measure_row(params, rows[i], prepared[i].splits_at(step))
+
+        evaluate_trials(step, [(i, progress[i]) for i in active], measure_one,
+                        replay if refine_steps else None, racer)
         if refine_steps and any(progress[i].searching for i in active):
             take_snapshot(step)
         return prune()
@@ -270,3 +519,139 @@ def run_trials_vectorized(specs: list[TrialSpec]) -> list[TrialResult]:
     return [trial_result(p, progress[i], trial_id=p.spec.trial_id, trial_key=p.spec.trial_key,
                          wall_time_s=elapsed / len(specs))
             for i, p in enumerate(prepared)]
+
+
+# --- the automatic choice: measured cost ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VectorizationCost:
+    """Estimated seconds per trial of one study's trials run one at a time (``sequential``) and as one
+    vectorized computation (``vectorized``): training steps plus full evaluations (the goal-only and
+    replay measurements cost the same on both paths and are left out)."""
+
+    sequential: float
+    vectorized: float
+
+    @property
+    def ratio(self) -> float:
+        """``sequential / vectorized``: above 1 vectorizing pays."""
+        return self.sequential / self.vectorized if self.vectorized > 0 else math.inf
+
+
+#: ``vectorization_pays`` answers, by (workload, optimizer, batch size, K, device, shared order).
+_PAYS: dict[tuple, bool] = {}
+
+_TIMED_SECONDS = 0.02  # each timed run lasts about this long (at least 2 steps)
+
+
+def _clock(device: torch.device) -> Callable[[], float]:
+    """CPU seconds of this process on a CPU (other processes sharing the cores do not count), wall
+    seconds after a synchronisation on an accelerator."""
+    if device.type == "cuda":
+        def clock() -> float:
+            torch.cuda.synchronize(device)
+            return time.perf_counter()
+
+        return clock
+    return time.process_time
+
+
+def _per_call(fn: Callable[[int], Any], clock: Callable[[], float], repeats: int = 3) -> float:
+    """Seconds per call of ``fn(i)`` (``i`` = 0, 1, ...): the best of ``repeats`` timed runs, each
+    about ``_TIMED_SECONDS`` long, after one warm-up call."""
+    calls = 0
+
+    def run(n: int) -> float:
+        nonlocal calls
+        start = clock()
+        for _ in range(n):
+            fn(calls)
+            calls += 1
+        return clock() - start
+
+    run(1)
+    once = max(run(1), 1e-6)
+    n = max(2, min(200, int(_TIMED_SECONDS / once)))
+    return min(run(n) for _ in range(repeats)) / n
+
+
+def vectorization_costs(specs: list[TrialSpec]) -> VectorizationCost:
+    """Measure what ``specs`` cost per trial one at a time and vectorized (:class:`VectorizationCost`).
+
+    Times, on copies (the specs' own prepared trials, built and trained here and thrown away; in a
+    forked RNG state, so nothing of any trial's run changes), a few training steps of one trial with
+    its torch optimizer (what :func:`batchlab.train.run_trial` runs) against the same steps of all K
+    stacked (:class:`StackedTrials`, the path :func:`run_trials_vectorized` takes: fused or ``vmap``,
+    shared or own batch orders), and one evaluation batch of one model against the K together. Per
+    trial: ``steps x step + full evaluation batches x batch``, the vectorized costs divided by K.
+    CPU time on a CPU (robust to other processes), wall time on an accelerator.
+
+    Raises:
+        NotVectorizable: as :func:`run_trials_vectorized` (nothing trained).
+        BatchlabError: a spec is invalid.
+    """
+    obstacle = vectorization_obstacle(specs)
+    if obstacle is not None:
+        raise NotVectorizable(f"cannot vectorize these trials: {obstacle}")
+    from batchlab.workloads.data import as_split
+
+    k = len(specs)
+    with torch.random.fork_rng(devices=[]):
+        prepared = [prepare_trial(spec) for spec in specs]
+        first = prepared[0]
+        with fork_rng(first.device):
+            stack = StackedTrials(prepared)
+            clock = _clock(first.device)
+            params, buffers, opt_state = stack.params, stack.buffers, stack.opt_state
+            sampler = BatchSampler(first.num_train, stack.batch_size, order_seed(first.spec))
+            step_fn, batch, trials = first.algorithm.step, stack.batch, list(range(k))
+            sequential_step = _per_call(lambda i: step_fn(*batch(sampler.indices(i))), clock)
+            vectorized_step = _per_call(lambda i: stack.advance(params, buffers, opt_state, trials, i), clock)
+            batches, sequential_eval, vectorized_eval = 0, 0.0, 0.0
+            if stack.evaluates_together() and first.full_steps:
+                name, data = next(iter(first.eval_splits.items()))
+                part = as_split(data, name)
+                size = _eval_batch_size(first.workload, stack.eval_model, part, first.device)
+                per_evaluation = sum(math.ceil(len(as_split(d, n)) / size) for n, d in first.eval_splits.items())
+                batches = len(first.full_steps) * per_evaluation
+                one = {name: part.subset(torch.arange(min(len(part), size)))}
+                sequential_eval = _per_call(lambda i: measure(first.workload, first.model, one), clock)
+                vectorized_eval = _per_call(lambda i: stack.measure_rows(params, buffers, one), clock)
+    steps = first.steps
+    return VectorizationCost(sequential=steps * sequential_step + batches * sequential_eval,
+                             vectorized=(steps * vectorized_step + batches * vectorized_eval) / k)
+
+
+def vectorization_pays(specs: list[TrialSpec]) -> bool:
+    """Whether running ``specs`` (the K trials of one task) as one vectorized computation costs less per
+    trial than running them one at a time, by measurement (:func:`vectorization_costs`), not by a
+    fixed threshold. ``False`` when they cannot be vectorized (fewer than 2 trials, an obstacle, a
+    model that does not run vectorized, an invalid spec: the sequential path reports it).
+
+    Cached per (workload, optimizer, batch size, K, device, shared batch order or not) in this process,
+    so a worker measures each kind of task once. Changes no trial's results: it only chooses the path,
+    and both paths give the same results (up to floating-point rounding).
+    """
+    if len(specs) < 2 or vectorization_obstacle(specs) is not None:
+        return False
+    from batchlab.train.device import resolve_device
+    from batchlab.workloads import resolve_workload
+
+    first = specs[0]
+    try:
+        workload, device = resolve_workload(first.workload), resolve_device(first.device)
+    except BatchlabError:
+        return False
+    key = (workload.name, first.optimizer, int(first.batch_size), len(specs), str(device),
+           shared_order_seed(specs) is not None)
+    if key not in _PAYS:
+        try:
+            cost = vectorization_costs(specs)
+        except NotVectorizable:
+            _PAYS[key] = False
+        except BatchlabError:
+            return False
+        else:
+            _PAYS[key] = cost.vectorized < cost.sequential
+    return _PAYS[key]

@@ -62,31 +62,44 @@ def trial_spec(task: TrialTask, index: int):
         seed=trial.seed, stop_at_goal=study.stop_at_goal, trial_id=trial.trial_id, trial_key=trial.key,
         search_space=study.stretched_search_space, data_seed=study.seed, resolution=study.resolution,
         evaluations=study.evaluations, study_definition=study.definition, goal=study.goal, device=device,
+        data_order_seed=study.data_order_seed,
     )
 
 
 def run_task(task: TrialTask) -> list[TrialOutcome]:
     """Run every trial of ``task``; one outcome per trial, in order.
 
-    Vectorized when ``task.vectorized``, unless the trials turn out not to be vectorizable
-    (:class:`batchlab.sweep.vectorized.NotVectorizable`: their model has dropout or batch norm, say);
-    then they run one at a time, with the results :func:`batchlab.train.run_trial` gives, and their
-    outcomes say ``vectorized=False``."""
+    Vectorized when ``task.vectorized`` (in groups of ``task.group_size``, 0: all at once), unless the
+    trials turn out not to be vectorizable (:class:`batchlab.sweep.vectorized.NotVectorizable`: their
+    model has dropout or batch norm, say); then they run one at a time, with the results
+    :func:`batchlab.train.run_trial` gives, and their outcomes say ``vectorized=False``. A raced
+    study's task (``task.study.race``) runs its trials against one :class:`batchlab.train.race.Race`
+    started from ``task.race_prior``: each group, or each trial, races those before it."""
     set_worker_threads()
-    from batchlab.train import run_trial
+    from batchlab.train import prepare_trial, run_prepared
 
     specs = [trial_spec(task, i) for i in range(len(task.trials))]
-    vectorized = task.vectorized
-    results = None
-    if vectorized:
+    race = None
+    if task.study.race:
+        from batchlab.train.race import Race
+
+        race = Race(reached=task.race_prior)
+    results: list = []
+    flags: list[bool] = []
+    if task.vectorized:
         from batchlab.sweep.vectorized import NotVectorizable, run_trials_vectorized
 
+        size = task.group_size or len(specs)
         try:
-            results = run_trials_vectorized(specs)
-        except NotVectorizable:  # e.g. a user's model with dropout or batch norm: the same trials one at a time
-            vectorized = False
-    if results is None:
-        results = [run_trial(spec) for spec in specs]
+            for start in range(0, len(specs), size):
+                group = specs[start:start + size]
+                results.extend(run_trials_vectorized(group, race=race))
+                flags.extend([True] * len(group))
+        except NotVectorizable:  # e.g. a user's model with dropout or batch norm: the rest one at a time
+            pass
+    for spec in specs[len(results):]:
+        results.append(run_prepared(prepare_trial(spec), race=race))
+        flags.append(False)
     return [
         TrialOutcome(
             key=trial.key, trial_id=trial.trial_id, seed=trial.seed, parameters=dict(result.parameters),
@@ -96,7 +109,7 @@ def run_task(task: TrialTask) -> list[TrialOutcome]:
                           for row in result.measurements],
             wall_time_s=float(result.wall_time_s), vectorized=vectorized, device=result.device,
         )
-        for trial, result in zip(task.trials, results)
+        for trial, result, vectorized in zip(task.trials, results, flags)
     ]
 
 

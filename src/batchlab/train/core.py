@@ -34,11 +34,11 @@ import torch
 from batchlab.train.evaluation import bracket, goal_reached
 
 __all__ = [
-    "COMPLETE", "INFEASIBLE", "STOPPED_AT_GOAL", "TrialProgress", "batch_source", "device_split", "evaluate_trials",
+    "COMPLETE", "INFEASIBLE", "RACED", "STOPPED_AT_GOAL", "TrialProgress", "batch_source", "device_split", "evaluate_trials",
     "finite", "replay_bracket", "train_loop",
 ]
 
-COMPLETE, STOPPED_AT_GOAL, INFEASIBLE = "COMPLETE", "STOPPED_AT_GOAL", "INFEASIBLE"
+COMPLETE, STOPPED_AT_GOAL, INFEASIBLE, RACED = "COMPLETE", "STOPPED_AT_GOAL", "INFEASIBLE", "RACED"
 
 Row = dict[str, float]
 
@@ -137,6 +137,11 @@ class TrialProgress:
         """The training loss diverged (:class:`batchlab.train.divergence.DivergenceMonitor`)."""
         self.status, self.stopped = INFEASIBLE, True
 
+    def raced(self) -> None:
+        """Racing stopped the trial at this evaluation: it can no longer be among its study's best
+        (:mod:`batchlab.train.race`); status ``RACED``."""
+        self.status, self.stopped = RACED, True
+
     def finish(self, step: int) -> None:
         """Set ``steps`` when the loop ended after ``step`` updates (a replayed stop keeps its step)."""
         self.steps = self.stopped_at if self.stopped_at is not None else step
@@ -147,18 +152,23 @@ def evaluate_trials(
     trials: Iterable[tuple[Hashable, TrialProgress]],
     measure: Callable[[Hashable], Row],
     replay: Callable[[dict[Hashable, TrialProgress], int], dict[Hashable, tuple[list[Row], int | None]]] | None,
+    racer: Any = None,
 ) -> None:
     """One evaluation at ``step`` of the running ``trials`` (``(key, progress)`` pairs, in order).
 
     ``measure(key)`` gives a trial's metrics now; ``replay(reached, step)`` (``None``: no replay) the
-    replayed rows and first goal step of the trials that first meet the goal here, all together.
+    replayed rows and first goal step of the trials that first meet the goal here, all together;
+    ``racer`` (a :class:`batchlab.train.race.Racer`, ``None``: no racing) then stops the trials that
+    can no longer be among their study's best (status ``RACED``).
     """
+    trials = list(trials)
     reached = {key: progress for key, progress in trials if progress.evaluated(step, measure(key))}
-    if not reached:
-        return
-    refined = replay(reached, step) if replay is not None else {}
-    for key, progress in reached.items():
-        progress.settle_goal(*refined.get(key, ((), None)))
+    if reached:
+        refined = replay(reached, step) if replay is not None else {}
+        for key, progress in reached.items():
+            progress.settle_goal(*refined.get(key, ((), None)))
+    if racer is not None:
+        racer.after_evaluation(step, trials)
 
 
 def replay_bracket(

@@ -7,6 +7,13 @@ a fixed subset). At a *full* step every split is measured; at a *goal* step (the
 :mod:`batchlab.workloads.schedule`) only the goal metric's split (``val``), which gives the goal
 metric and the other metrics of that split from the same forward passes. See docs/methods.md,
 "Evaluation schedule and resolution".
+
+At a goal-only step the only question is whether the goal metric beats the goal: :func:`measure_goal`
+answers it and stops the pass over the goal split as soon as the answer is decided (for bounded
+metrics: classification error), returning a *bound* instead of the value. Its row
+(:func:`with_bound_flags`) holds the bound under the metric's name and the flag ``+1.0`` (lower
+bound) or ``-1.0`` (upper bound) under ``<metric>:bound`` (:data:`BOUND_SUFFIX`); comparing the
+bound to the goal (:func:`goal_reached`) gives the true value's outcome.
 """
 
 from __future__ import annotations
@@ -22,9 +29,13 @@ import torch
 from batchlab.errors import BatchlabError
 
 __all__ = [
-    "EvaluationPlan", "budgeted_plan", "check_eval_budget", "evaluation_schedule", "every_n_steps", "goal_reached", "measure",
-    "bracket", "subset_splits", "thin_schedule",
+    "BOUND_SUFFIX", "EvaluationPlan", "budgeted_plan", "check_eval_budget", "evaluation_schedule", "every_n_steps", "goal_reached",
+    "measure", "measure_goal", "bracket", "subset_splits", "thin_schedule", "with_bound_flags",
 ]
+
+#: Suffix of the companion row flagging a bounded value: ``<split>/<metric>:bound`` holds ``+1.0``
+#: (the true value is >= the stored one) or ``-1.0`` (<=); see :func:`measure_goal`.
+BOUND_SUFFIX = ":bound"
 
 # Floors of an evaluation budget (see :func:`budgeted_plan`): below these, steps to result and the
 # metrics themselves stop being worth measuring, so a budget too small for them is exceeded instead.
@@ -85,6 +96,60 @@ def measure(workload, model: torch.nn.Module, splits: dict[str, Any]) -> dict[st
     finally:
         model.train(was_training)
     return metrics
+
+
+def measure_goal(workload, model: torch.nn.Module, splits: dict[str, Any], goal: float) -> tuple[dict[str, float], dict[str, float]]:
+    """Measure a goal-only step: :func:`measure`, except that the goal metric's split stops as soon as
+    whether ``workload.metric`` beats ``goal`` (:func:`goal_reached`, ``workload.maximize``) is decided.
+
+    Returns ``(metrics, bounds)``. ``bounds`` is ``{}`` when nothing was stopped early; then
+    ``metrics == measure(workload, model, splits)``. When the goal split's pass stopped early,
+    ``metrics`` holds, for that split, only the goal metric, whose value is a bound, and
+    ``bounds = {workload.metric: +1.0 or -1.0}`` (``+1.0``: the true value is >= it; ``-1.0``: <=);
+    the split's other metrics are left out (not fully computed). The bound is the end of the
+    interval that decided the outcome, so ``goal_reached(metrics[workload.metric], goal, maximize)``
+    equals ``goal_reached`` of the true value: minimizing, an upper bound ``< goal`` (met) or a lower
+    bound ``>= goal`` (not met; a value equal to the goal is not met); maximizing, the mirror image.
+
+    Early stopping (:func:`batchlab.workloads.metrics.check_goal_split`: the same batches, in the same
+    fixed order, as the full pass) applies when the goal metric is one of the task's
+    ``bounded_metrics`` (built in: ``classification_error`` of the classification and language-model
+    tasks), the split is held in memory (a tensor split, as prepared trials hold them) and the
+    workload uses :meth:`Workload.evaluate` itself (a subclass overriding it is measured in full);
+    any other split or metric is measured in full, as :func:`measure` does. Eval mode and
+    ``torch.inference_mode`` as in :func:`measure`.
+    """
+    from batchlab.workloads.base import Workload
+    from batchlab.workloads.data import as_split
+    from batchlab.workloads.metrics import check_goal_split
+
+    goal_split, goal_metric = workload.metric.split("/", 1)
+    bounded = goal_metric in workload.task.bounded_metrics and type(workload).evaluate is Workload.evaluate
+    was_training = model.training
+    model.eval()
+    metrics: dict[str, float] = {}
+    bounds: dict[str, float] = {}
+    try:
+        with torch.inference_mode():
+            for split, data in splits.items():
+                if bounded and split == goal_split:
+                    values, flags = check_goal_split(
+                        model, as_split(data, split), workload.task.batch_sums, goal_metric, goal, workload.maximize,
+                        split=split, batch_size=workload.eval_batch_size, max_examples=workload.eval_examples.get(split))
+                    bounds.update(flags)
+                else:
+                    values = workload.evaluate(model, data, split=split)
+                for name, value in values.items():
+                    metrics[name] = float(value)
+    finally:
+        model.train(was_training)
+    return metrics, bounds
+
+
+def with_bound_flags(metrics: dict[str, float], bounds: dict[str, float]) -> dict[str, float]:
+    """The measurement row of :func:`measure_goal`'s result: ``metrics`` plus, for each bounded
+    metric, its flag under ``<metric>:bound`` (:data:`BOUND_SUFFIX`)."""
+    return {**metrics, **{f"{name}{BOUND_SUFFIX}": float(flag) for name, flag in bounds.items()}}
 
 
 def goal_reached(value: float, goal: float, maximize: bool) -> bool:

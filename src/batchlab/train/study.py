@@ -13,7 +13,12 @@ Conventions:
 * The study definition (``batchlab.store.studies.make_study_definition``, source ``"batchlab study"``)
   is the same for every trial: budget, training examples, search space, evaluation rule
   (``{"rule": "geometric", "resolution": r, "refine": "replay"}``), stop rule (with ``stop_at_goal``),
-  ``seed``, and the device type when it is not the CPU.
+  ``seed``, the device type when it is not the CPU, and ``race`` (``{"keep": 2}``) when raced.
+* Racing (``race=True``, :mod:`batchlab.train.race`): the trials still run one after another, each
+  stopped (status ``RACED``) at the first evaluation after which it can no longer be among the
+  study's two best; the steps to result, its bracket, the best trial and the one-sided steps
+  interval are exactly those of the full protocol. Trials of the same study already in the store
+  (a continued study) race too.
 * ``workload`` is a :class:`batchlab.workloads.Workload` or anything
   :func:`batchlab.workloads.resolve_workload` accepts (a name, an entry point, a reference); the
   trials carry it as given.
@@ -101,11 +106,14 @@ def study_trial_specs(
     resolution: float = DEFAULT_RESOLUTION,
     refine: str = "replay",
     device: str = "auto",
+    race: bool = False,
 ) -> list[TrialSpec]:
     """The specs of ``trials`` consecutive trials of a study, starting at ``first_trial_id``.
 
     ``eval_budget``, ``train_eval_examples``, ``resolution``, ``refine`` and ``device`` are as in
-    :class:`TrialSpec`, the same for every trial, as is the study definition (see the module docstring)."""
+    :class:`TrialSpec`, the same for every trial, as is the study definition (see the module
+    docstring; ``race`` adds its ``race`` entry)."""
+    from batchlab.train.race import race_definition
     from batchlab.search import default_search_space
     from batchlab.store.schema import store_workload_name
     from batchlab.train.device import device_type
@@ -115,6 +123,8 @@ def study_trial_specs(
         raise BatchlabError(f"number of trials must be an integer >= 1, got {trials!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise BatchlabError(f"seed must be an integer >= 0, got {seed!r}")
+    if race and not stop_at_goal:
+        raise BatchlabError("racing needs trials that stop at the goal: drop --no-stop-at-goal, or drop --race")
     space = default_search_space(optimizer, train_steps=steps)
     first_index = max(0, int(first_trial_id) - 1)
     points = space.sample(first_index + trials, seed=seed)[first_index:]
@@ -128,6 +138,7 @@ def study_trial_specs(
         definition = default_study_definition(
             probe, store_workload=store_workload_name(w.name, optimizer), steps=steps, evaluation=evaluation,
             stop_rule=stop_rule(w) if stop_at_goal else None, source="batchlab study", device=kind,
+            **({"race": race_definition()} if race else {}),
         )
     except BatchlabError:
         definition = None  # bad input: prepare_trial names it
@@ -169,6 +180,7 @@ def check_study(
     resolution: float = DEFAULT_RESOLUTION,
     refine: str = "replay",
     device: str = "auto",
+    race: bool = False,
 ) -> int:
     """Validate a study (workload, optimizer, batch size, data, budget, device) without writing
     anything; return its step budget (``steps``, or the workload's default). Raises BatchlabError."""
@@ -176,7 +188,7 @@ def check_study(
 
     budget = resolve_workload(workload).default_steps if steps is None else steps
     probe = study_trial_specs(workload, optimizer, batch_size, trials, 1, budget, train_examples, seed, stop_at_goal,
-                              eval_budget, train_eval_examples, resolution, refine, device)[0]
+                              eval_budget, train_eval_examples, resolution, refine, device, race)[0]
     prepare_trial(probe)
     return budget
 
@@ -198,13 +210,14 @@ def run_study(
     resolution: float = DEFAULT_RESOLUTION,
     refine: str = "replay",
     device: str = "auto",
+    race: bool = False,
 ) -> StudyResult:
     """Run ``trials`` trials of one study one after another, each recorded into ``store``.
 
     Everything is validated first (:func:`check_study`), so bad input writes nothing.
     ``steps=None`` uses the workload's default budget. ``on_trial`` is called after each trial.
     ``eval_budget``, ``train_eval_examples``, ``resolution``, ``refine`` and ``device`` are as in
-    :class:`TrialSpec`.
+    :class:`TrialSpec`; ``race`` races the trials (module docstring).
     """
     from batchlab.search import default_search_space
     from batchlab.store.schema import store_workload_name
@@ -213,18 +226,26 @@ def run_study(
     if store is None:
         raise BatchlabError("a study needs a store to record its trials")
     budget = check_study(workload, optimizer, batch_size, trials, steps, train_examples, seed, stop_at_goal,
-                         eval_budget, train_eval_examples, resolution, refine, device)
+                         eval_budget, train_eval_examples, resolution, refine, device, race)
     name = store_workload_name(resolve_workload(workload).name, optimizer)
     first_id = store.next_trial_id(name, int(batch_size))
     specs = study_trial_specs(workload, optimizer, batch_size, trials, first_id, budget, train_examples, seed, stop_at_goal,
-                              eval_budget, train_eval_examples, resolution, refine, device)
+                              eval_budget, train_eval_examples, resolution, refine, device, race)
+    contest = None
+    if race:
+        from batchlab.store.studies import study_id
+        from batchlab.train.race import Race, published_keys
+
+        w = resolve_workload(workload)
+        contest = Race(reached=published_keys(store, study_id(specs[0].study_definition), w.metric, float(w.goal),
+                                              bool(w.maximize)))
     result = StudyResult(
         workload=name,
         batch_size=int(batch_size),
         search_space=default_search_space(optimizer, train_steps=budget).to_batch_science(),
     )
     for spec in specs:
-        trial = run_prepared(prepare_trial(spec), store=store, on_measurement=on_measurement)
+        trial = run_prepared(prepare_trial(spec), store=store, on_measurement=on_measurement, race=contest)
         result.trials.append(trial)
         if on_trial is not None:
             on_trial(trial)

@@ -142,6 +142,11 @@ class TrialSpec:
             finest steps-to-result resolution. Cannot be combined with ``evaluation_steps``.
         device: ``auto`` (a GPU when one is present), ``cpu``, ``cuda``, ``cuda:N`` or ``mps``
             (:mod:`batchlab.train.device`): where the model trains and is evaluated.
+        data_order_seed: seed of the batch order (:class:`batchlab.train.sampling.BatchSampler`);
+            ``None`` (default): the trial's own ``seed``. The trials of a study given one
+            ``data_order_seed`` all see the same batches, step by step (a *shared batch order*,
+            which :mod:`batchlab.sweep.vectorized` turns into one input for all K trials); their
+            study definition records it (``batch_order``).
 
     ``train/*`` metrics are measured by ``workload.evaluate`` on a fixed subset of the training set
     (the workload's cap, ``train_eval_examples`` or the budget's), ``val/*`` metrics on the
@@ -171,6 +176,7 @@ class TrialSpec:
     study_definition: dict | None = None
     goal: float | None = None
     device: str = "auto"
+    data_order_seed: int | None = None
 
 
 @dataclass
@@ -333,6 +339,8 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
     steps = _as_int("steps", workload.default_steps if spec.steps is None else spec.steps, 1)
     seed = _as_int("seed", spec.seed, 0)
     data_seed = _as_int("data seed", spec.data_seed, 0)
+    if spec.data_order_seed is not None:
+        _as_int("data order seed", spec.data_order_seed, 0)
     train_examples = None if spec.train_examples is None else _as_int("train examples", spec.train_examples, 1)
     parameters = _checked_hyperparameters(spec.hyperparameters)
     resolution = check_resolution(spec.resolution)
@@ -390,7 +398,7 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
         definition = default_study_definition(
             spec, store_workload=store_workload, steps=steps, evaluation=evaluation,
             stop_rule=stop_rule(workload, spec.goal) if spec.stop_at_goal else None, source="batchlab train",
-            device=device.type,
+            device=device.type, **batch_order(spec.data_order_seed),
         )
 
     label_smoothing = float(parameters.get("label_smoothing") or 0.0)
@@ -468,6 +476,14 @@ def trial_goal(spec: "TrialSpec", workload) -> float:
     return float(spec.goal)
 
 
+def batch_order(data_order_seed: int | None) -> dict:
+    """The study definition's extra keys for a batch order: ``{"batch_order": {"shared": True,
+    "seed": s}}`` for a shared order, ``{}`` for each trial's own (so existing study ids stay)."""
+    if data_order_seed is None:
+        return {}
+    return {"batch_order": {"shared": True, "seed": int(data_order_seed)}}
+
+
 def default_study_definition(spec: TrialSpec, *, store_workload: str, steps: int, evaluation: dict,
                              stop_rule: dict | None, source: str, device: str | None = None, **extra: Any) -> dict:
     """The study definition of ``spec`` (``batchlab.store.studies.make_study_definition``); ``device``
@@ -485,8 +501,13 @@ def run_prepared(
     prepared: PreparedTrial,
     store: Any = None,
     on_measurement: Callable[[dict[str, float]], None] | None = None,
+    race: Any = None,
 ) -> TrialResult:
-    """Run a prepared trial (once: the model trains in place), recording into ``store`` if given."""
+    """Run a prepared trial (once: the model trains in place), recording into ``store`` if given.
+
+    ``race``: the :class:`batchlab.train.race.Race` of the trial's study (``None``: no racing); the
+    trial stops, status ``RACED``, at the first evaluation after which it can no longer be among the
+    study's best, and joins the race's best when it meets the goal."""
     spec, workload, algorithm, model = prepared.spec, prepared.workload, prepared.algorithm, prepared.model
     batch_size, seed, total, device = int(spec.batch_size), int(spec.seed), prepared.steps, prepared.device
     start = time.perf_counter()
@@ -520,8 +541,9 @@ def run_prepared(
             on_measurement(dict(row))
 
     progress = new_progress(prepared, on_record)
+    racer = None if race is None else new_racer(race, prepared, {0: trial_id if trial_id is not None else 0})
     evaluation_time = evaluation_cpu = 0.0
-    sampler = BatchSampler(prepared.num_train, batch_size, seed)
+    sampler = BatchSampler(prepared.num_train, batch_size, order_seed(spec))
     batch = batch_source(prepared.train, device)
     replay = bool(prepared.refine_steps)
     snapshot: tuple | None = None  # (step, copy of (model, algorithm), RNG state) while the goal is unmet
@@ -563,7 +585,7 @@ def run_prepared(
                 return measure(workload, model, prepared.splits_at(step))
 
         try:
-            evaluate_trials(step, ((0, progress),), measure_live, replay_goal if replay else None)
+            evaluate_trials(step, ((0, progress),), measure_live, replay_goal if replay else None, racer)
             if replay and progress.searching:
                 take_snapshot(step)
             return progress.stopped
@@ -594,6 +616,19 @@ def run_prepared(
     return trial_result(prepared, progress, trial_id=trial_id, trial_key=trial_key,
                         wall_time_s=time.perf_counter() - start, evaluation_time_s=evaluation_time,
                         evaluation_cpu_s=evaluation_cpu)
+
+
+def order_seed(spec: TrialSpec) -> int:
+    """The seed of the trial's batch order: ``data_order_seed`` when shared, else its own ``seed``."""
+    return int(spec.seed if spec.data_order_seed is None else spec.data_order_seed)
+
+
+def new_racer(race: Any, prepared: PreparedTrial, trial_ids: dict) -> Any:
+    """The :class:`batchlab.train.race.Racer` of a run of ``prepared``-like trials (``trial_ids``:
+    run key -> store trial id): every step its protocol can report a first goal step at."""
+    from batchlab.train.race import Racer
+
+    return Racer(race, trial_ids, list(prepared.schedule) + list(prepared.refine_steps))
 
 
 def new_progress(prepared: PreparedTrial, on_record: Callable[[dict[str, float]], None] | None = None) -> TrialProgress:

@@ -106,7 +106,9 @@ class Workload:
     ``default_steps`` is the step budget a trial gets unless told otherwise; ``default_batch_size`` a
     batch size that works for demos. ``eval_examples`` caps the number of examples :meth:`evaluate`
     uses per split (``None`` = all), through a fixed subset; ``eval_batch_size`` is the evaluation
-    batch; ``schedule`` sets :meth:`evaluation_steps` (goal metric at a bounded relative resolution,
+    batch (``None``, the default: :func:`batchlab.workloads.metrics.default_eval_batch_size`, the
+    largest batch up to 1000 whose activations fit in 48 MiB on the CPU; 1000 on other devices);
+    ``schedule`` sets :meth:`evaluation_steps` (goal metric at a bounded relative resolution,
     every metric more sparsely: :mod:`batchlab.workloads.schedule`).
 
     Descriptive (optional for user workloads): ``summary``, ``data_notes``, ``split_sizes`` (counted
@@ -138,7 +140,7 @@ class Workload:
     num_classes: int | None = None
     token_inputs: bool = False
     eval_examples: dict[str, int | None] = field(default_factory=lambda: {"train": 2000, "val": None, "test": None})
-    eval_batch_size: int = 1000
+    eval_batch_size: int | None = None
     schedule: EvaluationSchedule = field(default_factory=EvaluationSchedule)
     reference: str | None = None
 
@@ -172,7 +174,8 @@ class Workload:
             raise BatchlabError(f"workload {name}: maximize must be True or False, got {self.maximize!r}")
         _check_int(name, "default_steps", self.default_steps, 1)
         _check_int(name, "default_batch_size", self.default_batch_size, 1)
-        _check_int(name, "eval_batch_size", self.eval_batch_size, 1)
+        if self.eval_batch_size is not None:
+            _check_int(name, "eval_batch_size", self.eval_batch_size, 1)
         if not isinstance(self.eval_examples, Mapping) or not set(self.eval_examples) <= set(SPLITS):
             raise BatchlabError(f"workload {name}: eval_examples must map splits ({', '.join(SPLITS)}) to a number of "
                                 f"examples or None (all), got {self.eval_examples!r}")
@@ -252,9 +255,10 @@ class Workload:
         ``cross_entropy_error`` and ``classification_error``).
 
         ``data`` is a :class:`DataSplit`, an ``(x, y)`` pair, a map-style Dataset, or inputs ``x``
-        with their targets ``y``. Batched (``eval_batch_size``), without gradients, in eval mode (the
-        model's mode is restored), on the model's device, on at most ``eval_examples[split]``
-        examples (a fixed subset, the same at every call).
+        with their targets ``y``. Batched (``eval_batch_size``, or the default rule when it is
+        ``None``), under ``torch.inference_mode``, in eval mode (the model's mode is restored), on
+        the model's device, on at most ``eval_examples[split]`` examples (a fixed subset, the same at
+        every call): :func:`batchlab.workloads.metrics.evaluate_split`.
         """
         if isinstance(y, str):  # evaluate(model, data, "train")
             split, y = y, None

@@ -14,12 +14,20 @@ A :class:`Task` is two functions, chosen without subclassing anything:
 Built in:
 
 * :func:`classification` (the default): cross entropy with Shallue label smoothing;
-  ``cross_entropy_error`` (nats) and ``classification_error`` (fraction). Outputs ``(N, K)`` logits
+  ``cross_entropy_error`` (nats) and ``classification_error`` (fraction; bounded, see below). Outputs ``(N, K)`` logits
   and ``(N,)`` class ids; ``(N, L, K)`` and ``(N, L)`` are treated per position.
 * :func:`language_model`: the same per token (outputs ``(N, L, K)``, targets ``(N, L)``).
 * :func:`regression`: mean squared error loss; metrics ``mse`` and ``mae`` (means over every output
   element). Outputs of shape ``(N, 1)`` against targets ``(N,)`` are matched (same number of elements).
 * :func:`custom_task` / ``Task(...)``: your own loss and metrics.
+
+*Bounded* metrics (``Task.bounded_metrics``) are means of terms in ``{0, 1}`` whose batch sum is the
+number of terms with some property (a whole number between 0 and the batch's count, which is its
+number of target elements): after part of a split, the mean over the whole split is known to lie
+between two bounds, so a goal check on it can stop as soon as its outcome is decided
+(:func:`batchlab.workloads.metrics.check_goal_split`). Built in: ``classification_error`` of
+:func:`classification` and :func:`language_model`. A task that declares none (regression, custom
+tasks unless they say so) is always evaluated in full.
 """
 
 from __future__ import annotations
@@ -47,7 +55,9 @@ class Task:
     (empty: not declared, then not checked); ``default_metric`` the metric a workload's goal is on
     when it names none; ``label_smoothing`` whether ``loss`` takes a third argument
     ``label_smoothing`` (a non-zero smoothing on a task without it is an error); ``classes`` whether
-    the outputs are class scores (the task has a number of classes).
+    the outputs are class scores (the task has a number of classes); ``bounded_metrics`` the metrics
+    that are counts of terms in ``{0, 1}`` (see the module docstring; declare only metrics for which
+    that always holds, since goal checks rely on it).
     """
 
     name: str
@@ -57,6 +67,7 @@ class Task:
     default_metric: str | None = None
     label_smoothing: bool = False
     classes: bool = False
+    bounded_metrics: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -65,6 +76,10 @@ class Task:
             if not callable(getattr(self, what)):
                 raise BatchlabError(f"task {self.name!r}: {what} must be a function, got {type(getattr(self, what)).__name__}")
         object.__setattr__(self, "metric_names", tuple(self.metric_names))
+        object.__setattr__(self, "bounded_metrics", tuple(self.bounded_metrics))
+        if self.metric_names and not set(self.bounded_metrics) <= set(self.metric_names):
+            raise BatchlabError(f"task {self.name!r}: bounded_metrics {list(self.bounded_metrics)} must be among its metrics; "
+                                f"allowed: {', '.join(self.metric_names)}")
         if self.default_metric is None and self.metric_names:
             object.__setattr__(self, "default_metric", self.metric_names[0])
 
@@ -102,13 +117,13 @@ class Task:
 def classification() -> Task:
     """Cross entropy (Shallue label smoothing) with ``cross_entropy_error`` and ``classification_error``."""
     return Task("classification", cross_entropy_loss, classification_sums, CLASSIFICATION_METRICS,
-                "classification_error", label_smoothing=True, classes=True)
+                "classification_error", label_smoothing=True, classes=True, bounded_metrics=("classification_error",))
 
 
 def language_model() -> Task:
     """Next-token prediction: per-token cross entropy (nats) and per-token error, outputs ``(N, L, V)``."""
     return Task("language_model", cross_entropy_loss, classification_sums, CLASSIFICATION_METRICS,
-                "cross_entropy_error", label_smoothing=True, classes=True)
+                "cross_entropy_error", label_smoothing=True, classes=True, bounded_metrics=("classification_error",))
 
 
 def _matched(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,83 @@
+"""Raced sweeps (``race = true``): the same table as the full protocol, vectorized or one trial at a
+time, and a raced sweep SIGKILLed mid-way resumes to the same store."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+
+import pytest
+
+from batchlab.sweep.config import parse_sweep_config
+from batchlab.sweep.executors import InlineExecutor
+from batchlab.sweep.runner import prepare_sweep, run_sweep
+from sweep_helpers import child_env, run_sweep_cli, store_contents, sweep_command
+
+SETTINGS = {"workloads": ["mnist/fc_64_64_64"], "optimizers": ["sgd"], "batch_sizes": [32, 128], "trials": 5,
+            "steps": 80, "train_examples": 512, "seed": 0, "goal": 0.5}
+CLI = ["mnist/fc_64_64_64", "--optimizer", "sgd", "--batch-sizes", "32,128", "--trials", "5", "--steps", "80",
+       "--train-examples", "512", "--seed", "0", "--goal", "0.5", "--race", "--vectorize"]
+
+
+def _sweep(path, **overrides):
+    config = parse_sweep_config({**SETTINGS, **overrides})
+    return run_sweep(prepare_sweep(config, str(path)), executor_factory=InlineExecutor)
+
+
+def _answer(summary):
+    """Per batch size: what racing must keep exact (steps, bracket, best trial, its parameters, and
+    the one-sided steps interval read from the second-best trial)."""
+    rows = summary.results["mnist/fc_64_64_64/sgd"]
+    intervals = {r["batch_size"]: r["steps_interval"] for r in (summary.fits["mnist/fc_64_64_64/sgd"] or {}).get("regimes", [])}
+    return [(r.batch_size, r.steps, r.steps_lower, r.trial_id, r.parameters, intervals.get(r.batch_size)) for r in rows]
+
+
+@pytest.fixture(scope="module")
+def full_and_raced(tmp_path_factory):
+    root = tmp_path_factory.mktemp("race")
+    return {(race, vectorize): _sweep(root / f"{race}-{vectorize}", race=race, vectorize=vectorize)
+            for race, vectorize in ((False, "always"), (True, "always"))}
+
+
+def test_a_raced_sweep_gives_the_full_protocols_table(full_and_raced):
+    """Vectorized: all trials of a study race together. (One trial at a time, each races those run
+    before it: tests/train/test_race.py.)"""
+    full, raced = full_and_raced[(False, "always")], full_and_raced[(True, "always")]
+    assert all(row[1] is not None for row in _answer(full))  # every batch size reached the goal
+    assert _answer(raced) == _answer(full)
+    statuses = raced.statuses["mnist/fc_64_64_64/sgd"]
+    assert any(counts.get("RACED") for counts in statuses.values()), statuses
+
+
+def test_raced_studies_are_their_own_studies(full_and_raced):
+    full, raced = full_and_raced[(False, "always")], full_and_raced[(True, "always")]
+    assert full.sweep_id != raced.sweep_id
+    from batchlab.store import Store
+
+    con = Store.open(raced.store_path).connect()
+    definitions = [json.loads(d) for (d,) in con.execute("select definition from studies").fetchall()]
+    con.close()
+    assert definitions and all(d["race"] == {"keep": 2} for d in definitions)
+
+
+def test_race_without_stopping_at_the_goal_is_refused():
+    from batchlab.errors import BatchlabError
+
+    with pytest.raises(BatchlabError, match="race needs trials that stop at the goal"):
+        parse_sweep_config({**SETTINGS, "race": True, "stop_at_goal": False})
+
+
+def test_a_raced_sweep_killed_mid_way_resumes_to_the_same_store(full_and_raced, tmp_path):
+    base = store_contents(full_and_raced[(True, "always")].store_path)
+    path = tmp_path / "store"
+    driver = subprocess.Popen(sweep_command(*CLI, "--workers", "1", "--store", str(path), "--json"),
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=child_env())
+    for line in driver.stdout:
+        if json.loads(line)["event"] == "trial":  # the first study is published: kill before the second is
+            driver.send_signal(signal.SIGKILL)
+            break
+    driver.wait(timeout=30)
+    result, events = run_sweep_cli(*CLI, "--workers", "1", "--store", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    assert store_contents(path) == base
