@@ -4,7 +4,7 @@ in the same process.
 1. Trials per hour with 2 local workers against 1 (goal: >= 1.8x on 2 cores): the same trials
    (``mnist/fc_128_128_128``, batch size 64) through :class:`LocalPoolExecutor`, pools warmed up first.
 2. Vectorized against sequential whole trials for fc nets (``--vectorized-workloads``, default
-   ``mnist/fc_64_64_64``) at batch sizes 16 and 256 with K = 8 (goal: >= 2x): the K trials of one
+   ``mnist/fc_64_64_64``) at batch sizes 16 and 256 with K = 16, 2000 steps (goal: >= 2x): the K trials of one
    study with ONE shared batch order (``data_order_seed``), the sweep's own protocol (default search
    space, the workload's evaluation schedule, stop at the goal with the replay of its bracket), one
    after another with ``run_trial`` against one ``run_trials_vectorized`` call (the fused MLP path,
@@ -169,7 +169,12 @@ def vectorized_ratio(workloads: list[str], optimizer: str, k: int, steps: dict[i
                   f"sequential {seq_wall:.1f} s wall / {seq_cpu:.1f} s CPU, vectorized {vec_wall:.1f} s / {vec_cpu:.1f} s "
                   f"= {seq_wall / vec_wall:.2f}x wall, {seq_cpu / vec_cpu:.2f}x CPU (goal >= 2x); "
                   f"the cost rule estimated {estimate.ratio:.2f}x", flush=True)
-            if problems:
+            identical = all((s.status, s.steps, s.steps_to_goal, s.steps_lower, s.measurements)
+                            == (v.status, v.steps, v.steps_to_goal, v.steps_lower, v.measurements)
+                            for s, v in zip(sequential, vectorized))
+            if identical:
+                print("  results identical: statuses, steps, steps to goal, brackets and every measurement, to the bit")
+            elif problems:
                 print(f"  results DIFFER in {len(problems)} place(s): " + "; ".join(problems[:5]))
             else:
                 print("  results agree: statuses, steps, steps to goal and brackets identical; measurements within rounding")
@@ -243,13 +248,13 @@ def main() -> None:
     parser.add_argument("--vectorized-workloads", default="mnist/fc_64_64_64",
                         help="comma-separated fc workloads for the vectorized comparison (default: %(default)s)")
     parser.add_argument("--optimizer", default="sgd", help="optimizer of the vectorized comparison (default: %(default)s)")
-    parser.add_argument("--trials", type=int, default=None, help="K, trials per vectorized run (default 8; --quick 4)")
+    parser.add_argument("--trials", type=int, default=None, help="K, trials per vectorized run (default 16; --quick 4)")
     parser.add_argument("--steps", type=int, default=None,
-                        help="step budget of every vectorized-comparison trial (default 1500; --quick 200)")
+                        help="step budget of every vectorized-comparison trial (default 2000; --quick 200)")
     args = parser.parse_args()
     q = args.quick
-    k = args.trials or (4 if q else 8)
-    steps = args.steps or (200 if q else 1500)
+    k = args.trials or (4 if q else 16)
+    steps = args.steps or (200 if q else 2000)
     if args.only in (None, "workers"):
         workers_ratio(n_trials=4 if q else 12, steps=40 if q else 150)
     if args.only in (None, "vectorized"):

@@ -390,22 +390,16 @@ def test_lazy_groups_list_every_command_with_its_help():
     assert {"batchlab nqm", "batchlab store", "batchlab analyze", "batchlab plot"} <= set(lazy)
 
 
-def test_lazy_names_load_nothing_until_looked_up():
-    from batchlab.cli import LazyCommands
-
-    loads = []
-    commands = LazyCommands({"version": "built"}, {"nqm": "batchlab.cli.nqm", "plot": "batchlab.cli.plot"})
+def test_lazy_names_load_nothing_until_looked_up(monkeypatch):
     import batchlab.cli as cli
 
-    original = cli.load_commands
-    cli.load_commands = lambda name: loads.append(name) or {"nqm": f"<{name}>"}
-    try:
-        assert list(commands) == ["version", "nqm", "plot"] and "plot" in commands and len(commands) == 3
-        assert loads == []
-        assert commands["nqm"] == "<batchlab.cli.nqm>" and commands.get("nqm") == "<batchlab.cli.nqm>"
-        assert loads == ["batchlab.cli.nqm"] and commands.get("nope") is None
-    finally:
-        cli.load_commands = original
+    loads = []
+    monkeypatch.setattr(cli, "load_commands", lambda name: loads.append(name) or {"nqm": f"<{name}>"})
+    commands = cli.LazyCommands({"version": "built"}, {"nqm": "batchlab.cli.nqm", "plot": "batchlab.cli.plot"})
+    assert list(commands) == ["version", "nqm", "plot"] and "plot" in commands and len(commands) == 3
+    assert loads == []
+    assert commands["nqm"] == "<batchlab.cli.nqm>" and commands.get("nqm") == "<batchlab.cli.nqm>"
+    assert loads == ["batchlab.cli.nqm"] and commands.get("nope") is None
 
 
 @pytest.mark.parametrize("flag, texts", [

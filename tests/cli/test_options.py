@@ -50,7 +50,7 @@ def test_parsers():
         parse_csv("8,x", "--batch-sizes", int)
     selection = make_selection("w/m/sgd", "val/error", 0.1, max_trials="5", studies=["s1,s2"])
     assert selection.max_trials == 5 and selection.studies == ("s1", "s2")
-    assert selection.statuses == ("COMPLETE", "STOPPED_AT_GOAL")
+    assert selection.statuses == ("COMPLETE", "STOPPED_AT_GOAL", "RACED")
 
 
 def test_default_statuses_are_the_schemas_own():

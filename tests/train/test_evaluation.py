@@ -1,17 +1,22 @@
-"""Evaluation schedules, evaluation budgets and evaluation subsets."""
+"""Evaluation schedules, evaluation budgets, evaluation subsets and bounded goal checks."""
 
 import pytest
 import torch
 
 from batchlab.errors import BatchlabError
+from batchlab.train.core import TrialProgress, finite, replay_bracket
 from batchlab.train.evaluation import (
+    BOUND_SUFFIX,
     MIN_BUDGET_EVALUATIONS,
     MIN_BUDGET_EXAMPLES,
     EvaluationPlan,
     budgeted_plan,
+    goal_reached,
     measure,
+    measure_goal,
     subset_splits,
     thin_schedule,
+    with_bound_flags,
 )
 from batchlab.workloads import get_workload
 
@@ -89,9 +94,6 @@ def test_cutting_splits_first_gives_the_workloads_own_measurements():
 
 
 # --- goal-only steps: the goal check stopped once decided -------------------------------------------
-
-from batchlab.train.core import TrialProgress, finite, replay_bracket  # noqa: E402
-from batchlab.train.evaluation import BOUND_SUFFIX, goal_reached, measure_goal, with_bound_flags  # noqa: E402
 
 GOAL_METRIC = "val/classification_error"
 

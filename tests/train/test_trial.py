@@ -74,11 +74,17 @@ def test_goal_only_steps_measure_the_goal_split_and_full_steps_everything():
     assert full == {1, 2, 3, 5, 8, 12, 18, 27, 41, 50, 100, 150, 200}
     steps = [m["step"] for m in result.measurements]
     assert steps == workload.evaluation_steps(200, num_regular=4) and set(steps) > full
+    bounded = 0
     for row in result.measurements:
         expected = {"step", "val/cross_entropy_error", "val/classification_error"}
         if row["step"] in full:
             expected |= {"train/cross_entropy_error", "train/classification_error"}
+        elif "val/classification_error:bound" in row:  # a goal check stopped once decided: the bound alone
+            bounded += 1
+            expected = {"step", "val/classification_error", "val/classification_error:bound"}
+            assert row["val/classification_error:bound"] in (1.0, -1.0)
         assert set(row) == expected
+    assert bounded > 0  # the untrained model's error is far above the goal: decided long before the end
     assert 0.04 < result.resolution <= 0.05 + 1e-12
 
 
@@ -296,3 +302,23 @@ def test_bad_input_raises_one_line_and_writes_nothing(tmp_path, overrides, fragm
         run_trial(spec(**overrides), store=store)
     assert "\n" not in str(err.value)
     assert store.table("trials").num_rows == 0 and store.pending_headers() == []
+
+
+def test_bounded_goal_checks_are_stored_flagged_and_read_as_bounds(tmp_path):
+    """Dense goal-only steps are goal checks: far from the goal (val error < 0.03) each pass stops once
+    the errors counted exceed what the goal allows; the store keeps that lower bound with its flag row
+    (and not the split's other metrics), and steps to result read from the store agrees with the trial."""
+    from batchlab.analysis.steps_to_result import steps_to_result
+
+    store = Store.open(tmp_path / "s", create=True)
+    result = run_trial(spec(steps=40, evaluation_steps=None, evaluations=2, refine="dense"), store=store)
+    con = store.connect()
+    flags = dict(con.execute("select step, value from measurements where metric = 'val/classification_error:bound'").fetchall())
+    values = dict(con.execute("select step, value from measurements where metric = 'val/classification_error'").fetchall())
+    losses = {s for (s,) in con.execute("select step from measurements where metric = 'val/cross_entropy_error'").fetchall()}
+    assert flags and set(flags.values()) == {1.0}  # lower bounds: the goal was not met there
+    assert all(values[step] >= 0.03 for step in flags) and not set(flags) & losses
+    row = steps_to_result(con, "mnist/fc_64_64_64/momentum", "val/classification_error", 0.03)[0]
+    con.close()
+    assert result.steps_to_goal is None and row.steps is None
+    assert result.final_metric() == values[40]  # the last full evaluation, never a bound

@@ -6,6 +6,8 @@ import torch.nn.functional as F
 
 from batchlab.errors import BatchlabError
 from batchlab.workloads import metrics
+from batchlab.workloads.data import TensorSplit
+from batchlab.workloads.tasks import classification, custom_task
 
 
 def test_label_smoothing_follows_shallue_convention():
@@ -135,9 +137,6 @@ def test_default_batch_gives_the_old_pass_up_to_rounding():
 
 # --- goal checks stopped once decided ---------------------------------------------------------------
 
-from batchlab.workloads.data import TensorSplit  # noqa: E402
-from batchlab.workloads.tasks import classification, custom_task  # noqa: E402
-
 
 def _predictions(wrong):
     """Logits of a 2-class model over ``len(wrong)`` examples (class 0 is the target), wrong where asked;
@@ -192,6 +191,12 @@ def test_a_value_equal_to_the_goal_is_not_met():
     assert batches == 2 and values == {"val/classification_error": 0.4} and bounds == {"val/classification_error": 1.0}
     values, bounds, _, _ = _check([0, 0, 0, 0, 0, 0, 1, 1, 1, 0], 0.4, maximize=True)
     assert values == {"val/classification_error": 0.4} and bounds == {"val/classification_error": -1.0}
+    # the decision itself, from counts: (hits, seen, total)
+    assert metrics.goal_decision(3, 4, 10, 0.3, False) == (0.3, metrics.LOWER_BOUND)
+    assert metrics.goal_decision(0, 6, 10, 0.4, False) is None
+    assert metrics.goal_decision(0, 7, 10, 0.4, False) == (0.3, metrics.UPPER_BOUND)
+    assert metrics.goal_decision(4, 4, 10, 0.4, True) is None  # a lower bound equal to the goal: not met yet
+    assert metrics.goal_decision(5, 5, 10, 0.4, True) == (0.5, metrics.LOWER_BOUND)
 
 
 @pytest.mark.parametrize("maximize", [False, True])

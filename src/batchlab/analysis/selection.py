@@ -29,14 +29,11 @@ from dataclasses import dataclass, field
 import duckdb
 
 from batchlab.analysis.tables import DEFAULT_STATUSES, TRIAL_STATUSES, view_columns
+from batchlab.store.schema import BOUND_SUFFIX  # "<metric>:bound": the flag row of a bounded value
 from batchlab.errors import BatchlabError, unknown_name_error
 
 MAX_TRIALS_WORDS = ("all", "auto")
 
-#: Suffix of the flag rows of bounded measurements: ``<metric>:bound`` at a step holds ``+1.0``
-#: (the ``<metric>`` row there is a lower bound) or ``-1.0`` (an upper bound); docs/methods.md,
-#: "Bounded measurements". Flags, not metrics: metric listings skip them.
-BOUND_SUFFIX = ":bound"
 
 # Source of trials imported from the batch_science release (batchlab.store.batch_science_import).
 RELEASE_SOURCE = "batch_science"

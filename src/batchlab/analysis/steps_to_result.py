@@ -480,7 +480,7 @@ def trial_first_steps(con: duckdb.DuckDBPyConnection, selection: Selection) -> "
     unknown_from = np.where(unknown, np.fmax(frame["raced_at"].to_numpy() + 1, bound), np.nan)
     limit = np.array([np.nan if (x := budget_limit(selection, b)) is None else x for b in frame["batch_size"]], dtype=float)
     past = unknown & (unknown_from > limit)  # cannot meet the goal within the budget: not reached
-    unknown &= ~past
+    unknown = unknown & ~past
     frame["unknown_from"] = np.where(unknown, unknown_from, np.nan)
     frame["first_step"] = np.where(unknown, np.nan, frame["first_step"].fillna(np.inf))
     frame = frame.drop(columns=["sel_id", "n_available", "n_used", "unknown"])

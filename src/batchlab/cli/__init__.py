@@ -8,18 +8,18 @@ them is looked up: when it is invoked, or when help or completion lists the comm
 inside the command functions). So ``batchlab nqm sweep`` imports the ``nqm`` group and what its
 command needs, and nothing of training, the store or plotting.
 
-Option values of plain ``str``, ``int`` and ``float`` options are converted without pydantic when
-they are in plain decimal notation (:class:`PlainCoercion`); every other value, and every other kind
-of option, goes through typer's own conversion, so accepted values, results and error messages are
-typer's.
+Values of plain options (``str``, ``bool``, ``int``, ``float``) are converted without pydantic when
+they already have the type or are numbers in plain decimal notation (:class:`PlainCoercion`); every
+other value, and every other kind of option, goes through typer's own conversion, so accepted values,
+results and error messages are typer's.
 
 User errors (:class:`batchlab.errors.BatchlabError` and click usage errors) are printed as one line,
 ``error: ...``, with exit status 2. Ctrl-C is one line, ``interrupted ...``, with exit status 130
 (``batchlab sweep`` says how many trials are saved). Shared options are declared once in
-:mod:`batchlab.cli.options`; everything printed goes through :mod:`batchlab.cli.output`.
+:mod:`batchlab.cli.options`; everything printed goes through :mod:`batchlab.cli.output`. (No ``from
+__future__ import annotations`` here or in :mod:`batchlab.cli.nqm`: typer reads the commands' annotations,
+and string annotations would be compiled at each start-up.)
 """
-
-from __future__ import annotations
 
 import importlib
 import re
@@ -138,7 +138,7 @@ class PlainCoercion:
         self._typer = None
 
     @classmethod
-    def install(cls, command, subcommands: bool = True) -> None:
+    def install(cls, command) -> None:
         """Give every plain option of ``command`` (its ``--help`` too, and those of its subcommands)
         this conversion. A typer without runtime conversion (options without ``type_descriptor``)
         keeps its own."""
@@ -154,9 +154,8 @@ class PlainCoercion:
                 return option
 
             command.get_help_option = get_help_option
-        if subcommands:
-            for sub in getattr(command, "commands", {}).values():
-                cls.install(sub)
+        for sub in getattr(command, "commands", {}).values():
+            cls.install(sub)
 
     @classmethod
     def _install_param(cls, param) -> None:

@@ -6,10 +6,10 @@
 ``official_low`` is the notebook's ``steps - 1``.
 
 The commands parse their options, call the library (:mod:`batchlab.nqm.sweep`, :mod:`batchlab.nqm.curve`,
-:mod:`batchlab.plots.nqm`) and print through :mod:`batchlab.cli.output`.
+:mod:`batchlab.plots.nqm`) and print through :mod:`batchlab.cli.output`. The module has no ``from __future__
+import annotations``: typer reads every parameter's annotation, and string annotations would be compiled
+at each start-up.
 """
-
-from __future__ import annotations
 
 import time
 from typing import Annotated, Optional

@@ -8,8 +8,17 @@ formulas are written out here, one function per optimizer, each the ``update`` o
 Formulas: ``torch.optim.SGD`` (dampening 0; the momentum buffer starts at the first gradient, i.e.
 at zero before it; weight decay L2 style, ``g + weight_decay * theta``) and ``torch.optim.Adam``
 (non-fused). ``tests/optim/test_vectorized_updates.py`` checks each against the entry's own torch optimizer.
-The arithmetic (operations and their order) is what the vectorized sweeps have always run, so their
-measurements do not change.
+
+Bit for bit: each operation is the one torch.optim's single-tensor step runs on CPU, with the
+per-trial Python scalar replaced by a per-trial column, where the two round alike: ``add(x,
+alpha=a)`` (one fused multiply-add) is ``addcmul(.., column, x)``, ``mul_(m).add_(g)`` stays two
+operations, ``addcmul_(g, g, value=c)`` is ``addcmul_(g, g * c)``, ``addcdiv_(m, d, value=-s)`` is
+``(-s * m) / d`` added. Scalars torch.optim derives in double precision (``1 - beta``, the bias
+corrections, the step size) are derived here in double from the columns and rounded to float32
+where torch rounds them: given float64 columns and learning rates (as
+:mod:`batchlab.sweep.vectorized` passes them) a stacked trial's parameters equal those of its own
+torch optimizer exactly on CPU (given equal gradients); float32 ones (the documented minimum) agree
+up to rounding of the hyperparameters.
 """
 
 from __future__ import annotations
@@ -24,20 +33,22 @@ Column = Callable[[str], torch.Tensor]
 
 
 def _per_trial(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """The (K,) ``values`` shaped to broadcast over the stacked tensor ``like`` (K, ...)."""
-    return values.reshape(values.shape[0], *([1] * (like.dim() - 1)))
+    """The (K,) ``values`` in ``like``'s dtype, shaped to broadcast over the stacked tensor ``like`` (K, ...)."""
+    return values.to(like.dtype).reshape(values.shape[0], *([1] * (like.dim() - 1)))
 
 
 def _gradient(grads: dict, name: str, p: torch.Tensor, wd: torch.Tensor | None) -> torch.Tensor:
-    """The gradient of stacked parameter ``name`` with L2 weight decay ``wd`` (per trial) added."""
+    """The gradient of stacked parameter ``name`` with L2 weight decay ``wd`` (per trial) added:
+    ``grad.add(param, alpha=wd)`` (one fused multiply-add, as ``addcmul``)."""
     g = grads[name]
     if wd is not None:
-        g = g + _per_trial(wd, p) * p
+        g = torch.addcmul(g, _per_trial(wd, p), p)
     return g
 
 
-# addcmul fuses "multiply by a per-trial factor, then add" into one pass over the parameters: the
-# update is memory-bound for small models, so fewer passes is what makes it fast.
+# addcmul fuses "multiply by a per-trial factor, then add" into one pass over the parameters (and
+# rounds like torch's ``add(..., alpha=)``): the update is memory-bound for small models, so fewer
+# passes is what makes it fast.
 
 
 def sgd_update(params: dict, grads: dict, state: dict, lr: torch.Tensor, column: Column, step: int,
@@ -57,8 +68,8 @@ def _momentum(nesterov: bool) -> Callable[..., None]:
         for name, p in params.items():
             g = _gradient(grads, name, p, wd)
             buf = state["buf"][name]
-            torch.addcmul(g, buf, _per_trial(mom, p), out=buf)
-            direction = torch.addcmul(g, buf, _per_trial(mom, p)) if nesterov else buf
+            buf.mul_(_per_trial(mom, p)).add_(g)  # torch: buf.mul_(momentum).add_(grad)
+            direction = torch.addcmul(g, _per_trial(mom, p), buf) if nesterov else buf  # grad.add(buf, alpha=momentum)
             p.addcmul_(_per_trial(lr, p), direction, value=-1.0)
 
     return update
@@ -75,19 +86,18 @@ def adam_update(params: dict, grads: dict, state: dict, lr: torch.Tensor, column
                 weight_decay: bool) -> None:
     """``torch.optim.Adam`` (non-fused) with ``betas=(beta1, beta2)``, ``eps=epsilon``; ``step`` is 1-based."""
     wd = column("weight_decay") if weight_decay else None
-    mom = column("beta1")
-    beta2, eps = column("beta2"), column("epsilon")
+    beta1, beta2 = column("beta1").double(), column("beta2").double()
+    eps = column("epsilon")
+    bias1 = 1.0 - beta1**step
+    bias2_sqrt = torch.sqrt(1.0 - beta2**step)
+    step_size = lr.double() / bias1
     for name, p in params.items():
         g = _gradient(grads, name, p, wd)
         m, v = state["exp_avg"][name], state["exp_avg_sq"][name]
-        b1, b2 = _per_trial(mom, p), _per_trial(beta2, p)
-        m.lerp_(g, 1.0 - b1)
-        v.mul_(b2).add_((1.0 - b2) * g * g)
-        bias1 = 1.0 - mom.double() ** step
-        bias2_sqrt = torch.sqrt(1.0 - beta2.double() ** step)
-        step_size = (lr.double() / bias1).float()
-        denom = v.sqrt() / _per_trial(bias2_sqrt.float(), p) + _per_trial(eps, p)
-        p.sub_(_per_trial(step_size, p) * m / denom)
+        m.lerp_(g, _per_trial(1.0 - beta1, p))
+        v.mul_(_per_trial(beta2, p)).addcmul_(g, g * _per_trial(1.0 - beta2, p))
+        denom = (v.sqrt() / _per_trial(bias2_sqrt, p)).add_(_per_trial(eps, p))
+        p.add_((_per_trial(-step_size, p) * m) / denom)
 
 
 SGD = VectorizedUpdate(state_names=(), update=sgd_update)

@@ -51,6 +51,11 @@ RELEASE_STATUSES = ("COMPLETE", "INCOMPLETE", "INFEASIBLE")
 #: measurement (docs/methods.md, "Racing"), which the analysis honours instead of dropping them.
 DEFAULT_ANALYSIS_STATUSES = ("COMPLETE", "STOPPED_AT_GOAL", "RACED")
 TABLES = ("workloads", "studies", "trials", "measurements")
+#: The suffix of a bound flag's metric name: a measurement row ``<metric>:bound`` at the same step as
+#: ``<metric>`` says that value is a bound, ``+1.0`` a lower bound (true value >= it), ``-1.0`` an upper
+#: bound (true value <= it): a goal check stopped once its outcome was decided (docs/methods.md,
+#: "Evaluation schedule and resolution"). Flags are not metrics.
+BOUND_SUFFIX = ":bound"
 
 
 def store_workload_name(workload: str, optimizer: str) -> str:

@@ -20,10 +20,12 @@ How one step is computed (:class:`StackedTrials`):
   ``Linear``/``ReLU`` layers ending in a ``Linear``: the built-in ``fc_*`` workloads,
   :func:`mlp_layers`) the step is *fused*: the first layer of the K models is one matrix product
   ``(B, d) x (d, K*h)`` (and its weight gradient one ``(K*h, B) x (B, d)``), the later layers batched
-  products (``baddbmm``), the K losses one ``vmap`` of the workload's loss, and the gradients one
-  ``torch.autograd.grad`` of their sum (trial k's loss depends only on trial k's parameters, so each
-  trial gets exactly its own gradient). Other models run ``vmap`` with the batch unbatched
-  (``in_dims=None``).
+  products whose backward uses ``torch.nn.Linear``'s own products (``_BatchedLinear``), one loss per
+  trial on its own outputs, and the gradients one ``torch.autograd.grad`` of the losses' sum (trial
+  k's loss depends only on trial k's parameters, so each trial gets exactly its own gradient). Every
+  trial thus runs the arithmetic it runs alone, and on CPU a trial's gradients, updates and
+  measurements equal its sequential run's **to the bit** (the tests check it). Other models run
+  ``vmap`` with the batch unbatched (``in_dims=None``).
 * **Evaluation**: at a *full* evaluation step (every split measured, the same examples for every
   trial) the K models are evaluated together (:func:`measure_stacked`: inference mode, each
   evaluation batch through the K models at once, the fused forward for an MLP, else ``vmap`` of
@@ -39,9 +41,11 @@ bookkeeping (``TrialProgress``: statuses, ``STOPPED_AT_GOAL``, the brackets
 ``(steps_lower, steps_to_goal]``), racing, and the same replay of the bracket where the goal is first
 met (``replay_bracket``, here for all trials that first meet it at one evaluation together, from a
 copy of the stacked state). The update rules are the optimizer registry's vectorized updates
-(``batchlab.optim.get_optimizer(name).vectorized``: torch.optim's formulas written out, because
-torch.optim cannot hold a per-trial learning rate on stacked parameters). Measurements agree with
-sequential runs up to floating-point rounding (batched and unbatched matrix products round
+(``batchlab.optim.get_optimizer(name).vectorized``: torch.optim's operations written out, because
+torch.optim cannot hold a per-trial learning rate on stacked parameters; given the learning rates
+and hyperparameters in float64, as here, they round as torch.optim does). With a shared order the
+fused path is exact to the bit (above); otherwise (``vmap``, own batch orders) measurements agree
+with sequential runs up to floating-point rounding (batched and unbatched products round
 differently), which the tests bound.
 
 Whether vectorizing pays is measured, not assumed (:func:`vectorization_pays`): a few steps and one
@@ -178,9 +182,36 @@ def mlp_layers(model: nn.Module) -> MLPLayers | None:
     return MLPLayers(flatten, tuple(layers))
 
 
+class _BatchedLinear(torch.autograd.Function):
+    """K linear layers on K inputs: ``a (K, N, in) -> a @ w^T + b`` (``w (K, out, in)``, ``b (K, out)``
+    or ``None``), whose backward computes each trial's gradients with the products
+    ``torch.nn.Linear``'s own backward uses (``grad^T @ a`` for the weight, ``grad @ w`` for the
+    input, ``grad`` summed over the batch for the bias), so each trial's gradient is the one its own
+    model gets, to the bit on CPU."""
+
+    @staticmethod
+    def forward(a: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        weight = w.transpose(1, 2)
+        return torch.bmm(a, weight) if b is None else torch.baddbmm(b.unsqueeze(1), a, weight)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+        a, w, _ = inputs
+        ctx.save_for_backward(a, w)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        a, w = ctx.saved_tensors
+        grad_a = torch.bmm(grad, w) if ctx.needs_input_grad[0] else None
+        grad_w = torch.bmm(grad.transpose(1, 2), a) if ctx.needs_input_grad[1] else None
+        grad_b = grad.sum(1) if ctx.needs_input_grad[2] else None
+        return grad_a, grad_w, grad_b
+
+
 def _mlp_forward(mlp: MLPLayers, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """The outputs ``(K, N, out)`` of the K stacked MLPs ``params`` (each ``(K, ...)``) on ONE input ``x``
-    (``(N, ...)``): the first layer as one matrix product ``(N, d) x (d, K*h)``, the others batched."""
+    (``(N, ...)``): the first layer as one matrix product ``(N, d) x (d, K*h)``, the others batched
+    (:class:`_BatchedLinear`)."""
     inputs = x.flatten(1) if mlp.flatten else x
     (weight_name, bias_name), rest = mlp.layers[0], mlp.layers[1:]
     weight = params[weight_name]
@@ -189,9 +220,7 @@ def _mlp_forward(mlp: MLPLayers, params: dict[str, torch.Tensor], x: torch.Tenso
     z = torch.addmm(params[bias_name].reshape(k * h), inputs, flat) if bias_name else inputs @ flat
     z = z.view(inputs.shape[0], k, h).transpose(0, 1)  # (K, N, h), a view: trial k's columns
     for weight_name, bias_name in rest:
-        weight = params[weight_name].transpose(1, 2)
-        z = z.relu()
-        z = torch.baddbmm(params[bias_name].unsqueeze(1), z, weight) if bias_name else torch.bmm(z, weight)
+        z = _BatchedLinear.apply(z.relu(), params[weight_name], params[bias_name] if bias_name else None)
     return z
 
 
@@ -250,12 +279,12 @@ class StackedTrials:
             return loss(torch.func.functional_call(base, (p, b), (x,)), y)
 
         if self.fused:
-            per_trial_loss = torch.func.vmap(loss, in_dims=(0, None))
-
             def grad_and_loss(p, b, x, y):
+                # one loss per trial on its own (N, out) outputs, as the trial alone computes it
                 leaves = {name: value.detach().requires_grad_() for name, value in p.items()}
                 with torch.enable_grad():
-                    losses = per_trial_loss(_mlp_forward(mlp, leaves, x), y)
+                    outputs = _mlp_forward(mlp, leaves, x)
+                    losses = torch.stack([loss(out, y) for out in outputs])
                     grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
                 return dict(zip(leaves, grads)), losses.detach()
 
@@ -286,13 +315,16 @@ class StackedTrials:
         x, y = self.batch_of(trials, step)
         grads, losses = self.grad_and_loss(params, buffers, x, y)
         hyper, schedules, device = self.hyper, self.schedules, self.device
+        # float64 (where the device has it): the update rounds each value where torch.optim rounds its
+        # Python float (batchlab.optim.vectorized), so a trial's update is its torch optimizer's, to the bit
+        dtype = torch.float32 if device.type == "mps" else torch.float64
         lr = torch.tensor(
             [schedules[i][0] * learning_rate_multiplier(step, *schedules[i][1:]) for i in trials],
-            dtype=torch.float32, device=device,
+            dtype=dtype, device=device,
         )
 
         def column(name: str) -> torch.Tensor:
-            return torch.tensor([hyper[i][name] for i in trials], dtype=torch.float32, device=device)
+            return torch.tensor([hyper[i][name] for i in trials], dtype=dtype, device=device)
 
         with torch.no_grad():
             self.update_rule.update(params, grads, opt_state, lr, column, step + 1,

@@ -185,6 +185,8 @@ def replay_bracket(
     after ``start``) ``measure(key, step)`` measures the goal split of each trial still searching.
     A trial stops searching at its first step meeting the goal or a non-finite measurement; the
     replay ends when none searches. Returns ``{key: (rows, first step meeting the goal or None)}``.
+    A measured row may be a goal check's flagged bound (:func:`batchlab.train.evaluation.measure_goal`),
+    whose value decides ``meets_goal`` as the true value would.
     """
     found: dict[Hashable, tuple[list[Row], int | None]] = {key: ([], None) for key in trials}
     searching = dict(trials)

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from batchlab.store.schema import BOUND_SUFFIX  # "<metric>:bound": the flag row of a bounded value
 from batchlab.errors import BatchlabError
 
 __all__ = [
@@ -33,9 +34,6 @@ __all__ = [
     "measure", "measure_goal", "bracket", "subset_splits", "thin_schedule", "with_bound_flags",
 ]
 
-#: Suffix of the companion row flagging a bounded value: ``<split>/<metric>:bound`` holds ``+1.0``
-#: (the true value is >= the stored one) or ``-1.0`` (<=); see :func:`measure_goal`.
-BOUND_SUFFIX = ":bound"
 
 # Floors of an evaluation budget (see :func:`budgeted_plan`): below these, steps to result and the
 # metrics themselves stop being worth measuring, so a budget too small for them is exceeded instead.

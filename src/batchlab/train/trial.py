@@ -28,6 +28,11 @@ Contract (see docs/internals.md):
     on the goal metric is then resolved, at the cost of those evaluations in every trial).
 
   ``evaluation_steps`` replaces both with explicit steps where every metric is measured.
+* A goal-only measurement (a resolution step in a replayed bracket, or a dense one before the goal is
+  met) is a goal check (:func:`batchlab.train.evaluation.measure_goal`): for a metric that allows it
+  (classification error) the pass over the goal split stops as soon as the outcome is decided, and
+  the row then holds the deciding bound, flagged by ``<metric>:bound`` (``+1`` lower, ``-1`` upper
+  bound), without the split's other metrics. The bound decides the goal as the value would.
 * Steps to the goal: ``steps_to_goal`` is the first evaluation step whose goal metric beats the goal,
   ``steps_lower`` the evaluation before it (0 if none), where it did not: the goal was first met in
   ``(steps_lower, steps_to_goal]``, whose width is at most ``resolution * steps_lower`` or one step.
@@ -78,7 +83,9 @@ from batchlab.train.evaluation import (
     check_eval_budget,
     evaluation_schedule,
     measure,
+    measure_goal,
     subset_splits,
+    with_bound_flags,
 )
 from batchlab.train.sampling import BatchSampler, updates_per_epoch
 from batchlab.workloads.schedule import DEFAULT_RESOLUTION, check_resolution, schedule_resolution
@@ -215,9 +222,12 @@ class TrialResult:
     device: str = "cpu"
 
     def final_metric(self) -> float | None:
-        """The goal metric at the last evaluation (``None`` if never measured)."""
+        """The goal metric at the last evaluation that measured it in full (``None`` if none did;
+        a bounded goal check, flagged ``<metric>:bound``, is not a value)."""
+        from batchlab.store.schema import BOUND_SUFFIX
+
         for row in reversed(self.measurements):
-            if self.metric in row:
+            if self.metric in row and self.metric + BOUND_SUFFIX not in row:
                 return row[self.metric]
         return None
 
@@ -565,8 +575,9 @@ def run_prepared(
             twin_algorithm.step(*batch(sampler.indices(step)))
 
         def measure_twin(key: Any, step: int) -> dict[str, float]:
+            # a goal check only: stopped once its outcome is decided, the value then a flagged bound
             with twin_algorithm.evaluation_weights():
-                return measure(workload, twin, splits)
+                return with_bound_flags(*measure_goal(workload, twin, splits, reached[key].goal))
 
         live_state = get_rng_state(device)
         set_rng_state(rng_state, device)
@@ -581,8 +592,11 @@ def run_prepared(
         started, started_cpu = time.perf_counter(), time.process_time()
 
         def measure_live(key: Any) -> dict[str, float]:
+            splits = prepared.splits_at(step)
             with algorithm.evaluation_weights():
-                return measure(workload, model, prepared.splits_at(step))
+                if step not in prepared.full_steps and progress.searching:  # a dense goal-only step
+                    return with_bound_flags(*measure_goal(workload, model, splits, progress.goal))
+                return measure(workload, model, splits)
 
         try:
             evaluate_trials(step, ((0, progress),), measure_live, replay_goal if replay else None, racer)

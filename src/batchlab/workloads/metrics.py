@@ -290,14 +290,25 @@ def _count(value) -> int | None:
     return int(number)
 
 
-def _decided(lower: float, upper: float, goal: float, maximize: bool) -> tuple[float, float] | None:
-    """``(value, flag)`` once every value in ``[lower, upper]`` beats the goal or none does, else None.
+def goal_decision(hits: int, seen: int, total: int, goal: float, maximize: bool) -> tuple[float, float] | None:
+    """Whether a bounded metric beats ``goal``, known from part of a split: ``(value, flag)`` once
+    decided, else ``None``.
 
-    "Beats" is strict, as :func:`batchlab.train.evaluation.goal_reached`: ``v < goal`` (``v > goal``
-    when maximizing); the value returned is the end of the interval that decides it, so comparing it
-    to the goal gives the outcome: minimizing, met -> the upper bound (``< goal``), not met -> the
-    lower bound (``>= goal``); maximizing, met -> the lower bound, not met -> the upper bound.
+    ``hits`` terms equal to 1 among the ``seen`` terms so far, of ``total`` in the split (whole
+    numbers, ``0 <= hits <= seen <= total``, ``total > 0``): the mean over the split lies in
+    ``[lower, upper] = [float(hits) / total, float(hits + total - seen) / total]``, the same
+    arithmetic as the mean itself (``float(count) / total``, monotone in the count). "Beats" is
+    strict, as :func:`batchlab.train.evaluation.goal_reached`: ``v < goal`` (``v > goal`` when
+    maximizing), so a value equal to the goal is not met. Decided when every value in the interval
+    beats the goal or none does; ``value`` is the end of the interval that decides it and ``flag``
+    says which end (:data:`LOWER_BOUND` ``+1.0``: the true value is >= ``value``; :data:`UPPER_BOUND`
+    ``-1.0``: <=), so comparing ``value`` to the goal gives the true value's outcome: minimizing, met
+    -> the upper bound (``< goal``), not met -> the lower bound (``>= goal``); maximizing, met -> the
+    lower bound (``> goal``), not met -> the upper bound (``<= goal``). Usable by any pass that counts
+    per model (e.g. several models evaluated together).
     """
+    lower, upper = float(hits) / total, float(hits + total - seen) / total
+
     def beats(v: float) -> bool:
         return v > goal if maximize else v < goal
 
@@ -324,7 +335,7 @@ def check_goal_split(model: torch.nn.Module, data, sums, metric: str, goal: floa
     The goal comparison is strict (``value < goal``, ``> goal`` when maximizing: the goal is met
     only when beaten, a value equal to it is not met), and ``b`` is the bound that decides it, so
     comparing ``b`` to the goal the same way gives the same outcome as comparing the true value
-    (:func:`_decided`).
+    (:func:`goal_decision`).
 
     Precondition (the caller's): ``metric`` is a *bounded* metric
     (:attr:`batchlab.workloads.tasks.Task.bounded_metrics`): each term of its mean lies in ``[0, 1]``
@@ -375,7 +386,7 @@ def check_goal_split(model: torch.nn.Module, data, sums, metric: str, goal: floa
                 bounded = False
                 continue
             errors, seen = errors + wrong, seen + count
-            decided = _decided(float(errors) / total_count, float(errors + total_count - seen) / total_count, goal, maximize)
+            decided = goal_decision(errors, seen, total_count, goal, maximize)
             if decided is not None:
                 return {name: decided[0]}, {name: decided[1]}
     finally:
