@@ -8,8 +8,10 @@ in the same process.
    study with ONE shared batch order (``data_order_seed``), the sweep's own protocol (default search
    space, the workload's evaluation schedule, stop at the goal with the replay of its bracket), one
    after another with ``run_trial`` against one ``run_trials_vectorized`` call (the fused MLP path,
-   vectorized evaluation), same specs, same process; wall and CPU time, and a check that the results
-   agree (statuses, steps, steps to goal identical; measurements within rounding).
+   vectorized evaluation), same specs, same process; wall and CPU time (CPU time: this process's,
+   which other processes on shared cores do not inflate), and a check that the results agree (on the
+   CPU the fused path is identical to the bit; otherwise statuses, steps and steps to goal must be
+   identical and measurements within rounding; mismatches are listed).
    ``--only rule``: what the measured cost rule (``batchlab.sweep.vectorized.vectorization_costs``)
    estimates and chooses at batch sizes 1..1024, shared and own batch orders.
 3. Per-trial overhead of the Dask executor (a loopback LocalCluster) against the local pool: the

@@ -30,7 +30,7 @@ def test_import_info_compact_export(tmp_path, capsys):
     assert out.count("\n") == 1
     info = json.loads(out)
     assert (info["workloads"], info["studies"], info["measurements"]) == (3, 6, 240)
-    assert info["trials"] == {"COMPLETE": 12, "INCOMPLETE": 6, "INFEASIBLE": 6, "STOPPED_AT_GOAL": 0}
+    assert info["trials"] == {"COMPLETE": 12, "INCOMPLETE": 6, "INFEASIBLE": 6, "STOPPED_AT_GOAL": 0, "RACED": 0}
     assert len(info["study_definitions"]) == 6
     assert {s["source"] for s in info["study_definitions"]} == {"batch_science"}
     code, out, _ = run(capsys, "store", "info", "--store", store)

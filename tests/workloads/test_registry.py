@@ -76,5 +76,5 @@ def test_every_description_is_json_with_the_release_metric_names():
     for name in workload_names():
         d = get_workload(name).describe()
         assert json.loads(json.dumps(d)) == d
-        assert d["metric"] in {"val/classification_error", "val/cross_entropy_error"}
+        assert d["metric"] in {"val/classification_error", "val/cross_entropy_error"}, name
         assert d["num_parameters"] > 0 and d["default_steps"] > 0

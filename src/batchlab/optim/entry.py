@@ -67,8 +67,9 @@ class VectorizedUpdate:
 
     ``update(params, grads, state, lr, column, step, weight_decay)`` updates ``params`` (dict name ->
     stacked tensor, rows = trials) and ``state`` in place, under ``torch.no_grad()``: ``grads`` is
-    shaped like ``params``, ``lr`` is the float32 tensor (K,) of this update's per-trial learning
-    rates (schedule applied), ``column(name)`` returns the float32 tensor (K,) of hyperparameter
+    shaped like ``params``, ``lr`` is the tensor (K,) of this update's per-trial learning
+    rates (schedule applied; float32 or float64, and with float64 the built-in updates round as
+    torch.optim does), ``column(name)`` returns the tensor (K,) of hyperparameter
     ``name`` over the trials, ``step`` is the 1-based update count (bias corrections) and
     ``weight_decay`` is whether any trial has a non-zero ``weight_decay``. It must reproduce the
     entry's ``build`` optimizer step for step (``tests/optim/test_vectorized_updates.py`` checks).

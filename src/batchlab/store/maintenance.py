@@ -260,8 +260,8 @@ def _claim_alive(pending: Path, claim_id: str) -> bool:
 
 def collect_garbage(store: Store, grace_seconds: float) -> tuple[int, int]:
     """Delete unreferenced data files whose writer is gone (and, for files a compaction replaced,
-    retired more than ``grace_seconds`` ago), dead claims, and log entries older than the latest
-    checkpoint by more than ``grace_seconds``. Returns (files deleted, log entries deleted)."""
+    retired more than ``grace_seconds`` ago), dead claims (the store's, and sweep drivers' trial
+    claims), and log entries older than the latest checkpoint by more than ``grace_seconds``. Returns (files deleted, log entries deleted)."""
     root = store.root
     now = time.time()
     log_dir = root / LOG_DIR
@@ -299,6 +299,9 @@ def collect_garbage(store: Store, grace_seconds: float) -> tuple[int, int]:
             claim = claim_path.stem
             if claim != store._claim_id and not alive.get(claim, _claim_alive(pending, claim)):
                 claim_path.unlink(missing_ok=True)
+        from batchlab.sweep.claims import collect_dead_claims
+
+        collect_dead_claims(store.root, own=store._claim_id or "")  # trial claims of sweep drivers that died
         for tmp in log_dir.glob(f"{TMP_PREFIX}*"):  # we hold the lock: no commit is being written
             tmp.unlink(missing_ok=True)
         # log entries before the latest checkpoint are not needed by new readers

@@ -190,7 +190,9 @@ class TrialTask:
     other (:mod:`batchlab.train.race`): vectorized in groups of ``group_size`` (0: all at once),
     one group after another, or one trial after another; ``race_prior`` holds the rank keys
     ``(first step meeting the goal, trial id)`` of the study's trials published before (a resumed
-    or extended study), which the race starts from.
+    or extended study), which the race starts from. ``choose`` (``vectorize = "auto"``): the worker
+    runs a vectorized task vectorized only when it measures that it pays
+    (:func:`batchlab.sweep.vectorized.vectorization_pays`), else one trial at a time.
     """
 
     study: StudyPlan
@@ -198,6 +200,7 @@ class TrialTask:
     vectorized: bool
     group_size: int = 0
     race_prior: tuple[tuple[int, int], ...] = ()
+    choose: bool = False
 
     @property
     def key(self) -> str:
@@ -281,15 +284,18 @@ def plan_studies(config: SweepConfig, device_type: str = "cpu") -> list[StudyPla
 
 
 def make_tasks(study: StudyPlan, trials: list[TrialPlan], vectorized: bool, group_size: int,
-               race_prior: tuple[tuple[int, int], ...] = ()) -> list[TrialTask]:
+               race_prior: tuple[tuple[int, int], ...] = (), choose: bool = False) -> list[TrialTask]:
     """Split ``trials`` of ``study`` into tasks: one per trial, or groups of ``group_size`` when vectorized.
 
     Vectorized groups follow point order (trials ``[0, K)``, ``[K, 2K)``, ... of the study, minus the
     finished ones), so a resumed sweep groups its remaining trials as an uninterrupted one would.
-    A raced study is one task (:class:`TrialTask`) with ``race_prior``.
+    A raced study is one task (:class:`TrialTask`) with ``race_prior``. ``choose``: vectorized tasks
+    let the worker decide by measured cost whether to run vectorized (``vectorize = "auto"``).
     """
+    choose = bool(choose and vectorized)
     if study.race:
-        return [TrialTask(study, tuple(trials), vectorized, group_size if vectorized else 0, tuple(race_prior))] if trials else []
+        return [TrialTask(study, tuple(trials), vectorized, group_size if vectorized else 0, tuple(race_prior),
+                          choose)] if trials else []
     if not vectorized:
         return [TrialTask(study, (t,), False) for t in trials]
     groups: dict[int, list[TrialPlan]] = {}
@@ -297,4 +303,4 @@ def make_tasks(study: StudyPlan, trials: list[TrialPlan], vectorized: bool, grou
         groups.setdefault(t.point_index // group_size, []).append(t)
     # A group of one still runs through the vectorized code path, so a trial's numbers do not depend
     # on how many of its study's trials were left to run (resume).
-    return [TrialTask(study, tuple(g), True) for _, g in sorted(groups.items())]
+    return [TrialTask(study, tuple(g), True, choose=choose) for _, g in sorted(groups.items())]

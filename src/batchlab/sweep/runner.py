@@ -32,12 +32,13 @@ name or a reference that workers re-import); a workload registered only in this 
 imported by pool or Dask workers, and :func:`run_sweep` refuses it (one line) unless an
 ``executor_factory`` that runs in this process (``InlineExecutor``) is given.
 
-The vectorization rule (``vectorize = "auto"``): a study runs its trials K at a time
-(``vectorize_trials``) as one batched computation when its optimizer is vectorizable (sgd,
-momentum, nesterov, adam), no trial uses ``ema_decay`` or a differing ``label_smoothing``, and
-``batch_size * num_parameters <= VECTORIZE_MAX_WORK`` (small steps, where per-operation overhead
-dominates and batching trials pays; ``benchmarks/sweep_throughput.py`` measures it). K shrinks so that
-every worker gets a task.
+The vectorization rule: a study runs its trials K at a time (``vectorize_trials``) as one batched
+computation when its optimizer is vectorizable (sgd, momentum, nesterov, adam), no trial uses
+``ema_decay`` or a differing ``label_smoothing``, and ``vectorize`` is ``"always"``, or ``"auto"``
+and the worker measures that it pays (:func:`batchlab.sweep.vectorized.vectorization_pays`: a few
+steps and one evaluation batch of both paths timed on copies, once per kind of task; on the CPU
+only where the vectorized trials are bit-identical to sequential ones, so the choice never changes
+a result). K shrinks so that every worker gets a task (except for raced studies: one task each).
 """
 
 from __future__ import annotations
@@ -55,8 +56,6 @@ from batchlab.sweep.config import SweepConfig
 from batchlab.sweep.plan import StudyPlan, TrialTask, make_tasks, plan_studies
 from batchlab.sweep.worker import TrialOutcome, measurement_triples, run_task
 
-#: ``batch_size * num_parameters`` up to which ``vectorize = "auto"`` batches trials (see module docstring).
-VECTORIZE_MAX_WORK = 64 * 140_000
 
 
 @dataclass
@@ -268,7 +267,8 @@ def _allocate_ids(path: str, studies: list[StudyPlan]) -> dict[tuple[str, int, i
 
 
 def should_vectorize(config: SweepConfig, study: StudyPlan, num_parameters: int) -> bool:
-    """Whether ``study`` runs its trials vectorized (the rule in the module docstring)."""
+    """Whether ``study``'s trials go to workers as vectorized tasks (the rule in the module docstring;
+    under ``vectorize = "auto"`` the worker still measures whether it pays)."""
     from batchlab.optim import get_optimizer
 
     if config.vectorize == "never" or study.trials < 2 or get_optimizer(study.optimizer).vectorized is None:
@@ -278,9 +278,7 @@ def should_vectorize(config: SweepConfig, study: StudyPlan, num_parameters: int)
         return False
     if len({float(p.get("label_smoothing") or 0.0) for p in points}) > 1:
         return False
-    if config.vectorize == "always":
-        return True
-    return study.batch_size * num_parameters <= VECTORIZE_MAX_WORK
+    return True  # "always"; with "auto" the worker decides by measured cost (TrialTask.choose)
 
 
 def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
@@ -362,7 +360,7 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
             from batchlab.train.race import published_keys
 
             prior = tuple(published_keys(store, study.digest, study.metric, analysis_goal(config, study), study.maximize))
-        tasks = make_tasks(study, todo, entry.vectorized, group, prior)
+        tasks = make_tasks(study, todo, entry.vectorized, group, prior, choose=config.vectorize == "auto")
         if initial is not None:
             initial.extend(tasks)
         else:

@@ -11,27 +11,30 @@ smaller K.
 
 How one step is computed (:class:`StackedTrials`):
 
-* **Own batch orders** (the default): one ``torch.func.vmap`` of
-  ``grad_and_value(functional_call(...))`` over the stacked parameters and the K stacked batches
-  ``(K, B, ...)``.
-* **Shared batch order** (every spec has the same ``data_order_seed``, :func:`shared_order_seed`):
-  all K trials draw the same batches, so ONE batch ``(B, ...)`` is gathered per step and fed to all
-  of them. For a multilayer perceptron (an ``nn.Sequential`` of an optional ``Flatten`` then
-  ``Linear``/``ReLU`` layers ending in a ``Linear``: the built-in ``fc_*`` workloads,
-  :func:`mlp_layers`) the step is *fused*: the first layer of the K models is one matrix product
-  ``(B, d) x (d, K*h)`` (and its weight gradient one ``(K*h, B) x (B, d)``), the later layers batched
-  products whose backward uses ``torch.nn.Linear``'s own products (``_BatchedLinear``), one loss per
-  trial on its own outputs, and the gradients one ``torch.autograd.grad`` of the losses' sum (trial
-  k's loss depends only on trial k's parameters, so each trial gets exactly its own gradient). Every
-  trial thus runs the arithmetic it runs alone, and on CPU a trial's gradients, updates and
-  measurements equal its sequential run's **to the bit** (the tests check it). Other models run
-  ``vmap`` with the batch unbatched (``in_dims=None``).
+* **Batches.** With each trial's own batch order (the default) the K batches are stacked
+  ``(K, B, ...)``. With a **shared batch order** (every spec has the same ``data_order_seed``,
+  :func:`shared_order_seed`) all K trials draw the same batches, so ONE batch ``(B, ...)`` is
+  gathered per step and fed to all of them.
+* **The fused path** (a multilayer perceptron: an ``nn.Sequential`` of an optional ``Flatten`` then
+  ``Linear``/``ReLU`` layers ending in a ``Linear``, the built-in ``fc_*`` workloads,
+  :func:`mlp_layers`): with a shared order the first layer of the K models is one matrix product
+  ``(B, d) x (d, K*h)`` (its weight gradient one ``(K*h, B) x (B, d)``); the other layers (and the
+  first with own orders) are batched products whose backward uses ``torch.nn.Linear``'s own
+  products (``_BatchedLinear``); one loss per trial on its own outputs; the gradients one
+  ``torch.autograd.grad`` of the losses' sum (trial k's loss depends only on trial k's parameters,
+  so each trial gets exactly its own gradient). Every trial thus runs the arithmetic it runs alone,
+  and on the CPU a trial's gradients, updates and measurements equal its sequential run's **to the
+  bit** (``StackedTrials.exact``; the tests check it).
+* **Other models**: one ``torch.func.vmap`` of ``grad_and_value(functional_call(...))`` over the
+  stacked parameters and the stacked batches (a shared batch unbatched, ``in_dims=None``); batched
+  and unbatched products round differently, so these agree with sequential runs up to rounding.
 * **Evaluation**: at a *full* evaluation step (every split measured, the same examples for every
   trial) the K models are evaluated together (:func:`measure_stacked`: inference mode, each
   evaluation batch through the K models at once, the fused forward for an MLP, else ``vmap`` of
   ``functional_call``), each trial's metric sums taken by the workload's task
   (``workload.task.batch_sums``) exactly as ``batchlab.train.evaluation.measure`` streams them.
-  Goal-only steps and the replay's goal measurements measure one trial at a time with ``measure``.
+  Goal-only steps and the replay's goal measurements measure one trial at a time, as goal checks
+  (``batchlab.train.evaluation.measure_goal``, as :func:`batchlab.train.run_trial` does).
 
 The contract is :func:`batchlab.train.run_trial`'s, step for step, because both are written on the
 same core (:mod:`batchlab.train.core`): the same loop (``train_loop``), the same batches (the
@@ -43,13 +46,13 @@ met (``replay_bracket``, here for all trials that first meet it at one evaluatio
 copy of the stacked state). The update rules are the optimizer registry's vectorized updates
 (``batchlab.optim.get_optimizer(name).vectorized``: torch.optim's operations written out, because
 torch.optim cannot hold a per-trial learning rate on stacked parameters; given the learning rates
-and hyperparameters in float64, as here, they round as torch.optim does). With a shared order the
-fused path is exact to the bit (above); otherwise (``vmap``, own batch orders) measurements agree
-with sequential runs up to floating-point rounding (batched and unbatched products round
-differently), which the tests bound.
+and hyperparameters in float64, as here, they round as torch.optim does). The fused path is exact
+to the bit on the CPU (above); ``vmap`` agrees with sequential runs up to floating-point rounding,
+which the tests bound.
 
 Whether vectorizing pays is measured, not assumed (:func:`vectorization_pays`): a few steps and one
-evaluation batch of both paths are timed on copies, and the cheaper per trial wins.
+evaluation batch of both paths are timed on copies, and the cheaper per trial wins; on the CPU only
+where the vectorized path is exact, so that the choice never changes a result.
 
 Supported: optimizers whose registry entry has a ``vectorized`` update
 (:func:`batchlab.optim.vectorized_optimizer_names`: sgd, momentum, nesterov, adam); any
@@ -81,7 +84,7 @@ from batchlab.train import TrialResult, TrialSpec, prepare_trial
 from batchlab.train.core import batch_source, evaluate_trials, replay_bracket, train_loop
 from batchlab.train.device import fork_rng
 from batchlab.train.divergence import DivergenceMonitor
-from batchlab.train.evaluation import measure
+from batchlab.train.evaluation import measure, measure_goal, with_bound_flags
 from batchlab.train.sampling import BatchSampler
 from batchlab.train.trial import new_progress, new_racer, order_seed, trial_result
 
@@ -130,7 +133,7 @@ def vectorization_obstacle(specs: list[TrialSpec]) -> str | None:
 def shared_order_seed(specs: list[TrialSpec]) -> int | None:
     """The batch-order seed all ``specs`` share (every ``data_order_seed`` the same int), else ``None``
     (each trial draws its own batches). With a shared order the K trials are fed one batch per step."""
-    seeds = {getattr(spec, "data_order_seed", None) for spec in specs}
+    seeds = {spec.data_order_seed for spec in specs}
     if len(seeds) != 1 or None in seeds:
         return None
     return int(seeds.pop())
@@ -208,17 +211,21 @@ class _BatchedLinear(torch.autograd.Function):
         return grad_a, grad_w, grad_b
 
 
-def _mlp_forward(mlp: MLPLayers, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+def _mlp_forward(mlp: MLPLayers, params: dict[str, torch.Tensor], x: torch.Tensor, shared: bool = True) -> torch.Tensor:
     """The outputs ``(K, N, out)`` of the K stacked MLPs ``params`` (each ``(K, ...)``) on ONE input ``x``
-    (``(N, ...)``): the first layer as one matrix product ``(N, d) x (d, K*h)``, the others batched
-    (:class:`_BatchedLinear`)."""
-    inputs = x.flatten(1) if mlp.flatten else x
+    (``(N, ...)``, ``shared``): the first layer as one matrix product ``(N, d) x (d, K*h)``; or on K
+    stacked inputs ``(K, N, ...)`` (not ``shared``): the first layer batched too. Later layers are
+    :class:`_BatchedLinear`."""
     (weight_name, bias_name), rest = mlp.layers[0], mlp.layers[1:]
-    weight = params[weight_name]
-    k, h, d = weight.shape
-    flat = weight.reshape(k * h, d).t()
-    z = torch.addmm(params[bias_name].reshape(k * h), inputs, flat) if bias_name else inputs @ flat
-    z = z.view(inputs.shape[0], k, h).transpose(0, 1)  # (K, N, h), a view: trial k's columns
+    weight, bias = params[weight_name], params[bias_name] if bias_name else None
+    if shared:
+        inputs = x.flatten(1) if mlp.flatten else x
+        k, h, d = weight.shape
+        flat = weight.reshape(k * h, d).t()
+        z = torch.addmm(bias.reshape(k * h), inputs, flat) if bias is not None else inputs @ flat
+        z = z.view(inputs.shape[0], k, h).transpose(0, 1)  # (K, N, h), a view: trial k's columns
+    else:
+        z = _BatchedLinear.apply(x.flatten(2) if mlp.flatten else x, weight, bias)
     for weight_name, bias_name in rest:
         z = _BatchedLinear.apply(z.relu(), params[weight_name], params[bias_name] if bias_name else None)
     return z
@@ -233,7 +240,8 @@ class StackedTrials:
     of all K on one input. What :func:`run_trials_vectorized` runs and :func:`vectorization_costs` times.
 
     ``shared``: the trials share one batch order (:func:`shared_order_seed`); ``fused``: the model is
-    an MLP computed by the fused path (:func:`mlp_layers`; only with a shared order). Raises
+    an MLP computed by the fused path (:func:`mlp_layers`), else ``vmap``; ``exact``: each trial's
+    results equal its sequential run's to the bit (the fused path on the CPU). Raises
     :class:`NotVectorizable` when the models cannot be stacked or the model cannot run vectorized
     (``check``, the module docstring).
     """
@@ -250,8 +258,7 @@ class StackedTrials:
         label_smoothing = float(first.parameters.get("label_smoothing") or 0.0)
         self.hyper = [dict(p.algorithm.hyperparameters) for p in prepared]  # resolved: every hyperparameter with its value
         self.schedules = [_schedule(h, total) for h in self.hyper]
-        samplers = [BatchSampler(p.num_train, batch_size, order_seed(p.spec)) for p in prepared]
-        self.samplers = samplers
+        self.samplers = [BatchSampler(p.num_train, batch_size, order_seed(p.spec)) for p in prepared]
         self.shared = shared_order_seed([p.spec for p in prepared]) is not None
 
         models = [p.model for p in prepared]
@@ -266,38 +273,45 @@ class StackedTrials:
         }
         self.eval_model = copy.deepcopy(models[0])  # one trial at a time: goal-only steps, replays
         mlp = mlp_layers(models[0]) if not buffers else None
-        self.fused = self.shared and mlp is not None
-        workload = self.workload
+        self.fused = mlp is not None
+        workload, shared = self.workload, self.shared
 
         def loss(outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             return workload.loss(outputs, y, label_smoothing=label_smoothing)
-
-        base = copy.deepcopy(models[0]).to("meta")
-        eval_base = copy.deepcopy(models[0]).to("meta").eval()
-
-        def batch_loss(p, b, x, y):
-            return loss(torch.func.functional_call(base, (p, b), (x,)), y)
 
         if self.fused:
             def grad_and_loss(p, b, x, y):
                 # one loss per trial on its own (N, out) outputs, as the trial alone computes it
                 leaves = {name: value.detach().requires_grad_() for name, value in p.items()}
                 with torch.enable_grad():
-                    outputs = _mlp_forward(mlp, leaves, x)
-                    losses = torch.stack([loss(out, y) for out in outputs])
+                    outputs = _mlp_forward(mlp, leaves, x, shared)
+                    targets = [y] * len(outputs) if shared else y
+                    losses = torch.stack([loss(out, target) for out, target in zip(outputs, targets)])
                     grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
                 return dict(zip(leaves, grads)), losses.detach()
 
             self.grad_and_loss = grad_and_loss
             self.forward = lambda p, b, x: _mlp_forward(mlp, p, x)
         else:
-            in_dims = (0, 0, None, None) if self.shared else (0, 0, 0, 0)
+            base = copy.deepcopy(models[0]).to("meta")
+            eval_base = copy.deepcopy(models[0]).to("meta").eval()
+
+            def batch_loss(p, b, x, y):
+                return loss(torch.func.functional_call(base, (p, b), (x,)), y)
+
+            in_dims = (0, 0, None, None) if shared else (0, 0, 0, 0)
             self.grad_and_loss = torch.func.vmap(torch.func.grad_and_value(batch_loss), in_dims=in_dims)
             self.forward = torch.func.vmap(
                 lambda p, b, x: torch.func.functional_call(eval_base, (p, b), (x,)), in_dims=(0, 0, None))
         if check:
             _check_model(self.grad_and_loss, self.params, self.buffers, self.batch_of(list(range(len(prepared))), 0),
                          self.device)
+
+    @property
+    def exact(self) -> bool:
+        """Whether each trial runs exactly its sequential arithmetic, so that its results equal its run
+        alone to the bit: the fused MLP path on the CPU (the tests check it)."""
+        return self.fused and self.device.type == "cpu"
 
     def batch_of(self, trials: list[int], step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch of update ``step`` of ``trials``: one ``(B, ...)`` batch with a shared order, else
@@ -344,11 +358,15 @@ class StackedTrials:
         return measure_stacked(self.workload, lambda x: self.forward(params, buffers, x), splits, self.device,
                                model=self.eval_model)
 
-    def measure_row(self, params: dict, row: int, splits: dict) -> dict[str, float]:
-        """``measure`` of the model in row ``row`` of ``params`` alone (copied into ``eval_model``)."""
+    def measure_row(self, params: dict, row: int, splits: dict, goal: float | None = None) -> dict[str, float]:
+        """The model in row ``row`` of ``params`` alone (copied into ``eval_model``) measured on ``splits``:
+        ``measure``, or with ``goal`` a goal check (``measure_goal``: stopped once the goal's outcome is
+        decided, a bound then flagged in the row, as a sequential trial's goal-only steps and replays)."""
         with torch.no_grad():
             for name, p in self.eval_model.named_parameters():
                 p.copy_(params[name][row])
+        if goal is not None:
+            return with_bound_flags(*measure_goal(self.workload, self.eval_model, splits, goal))
         return measure(self.workload, self.eval_model, splits)
 
 
@@ -509,9 +527,9 @@ def run_trials_vectorized(specs: list[TrialSpec], race: Any = None) -> list[Tria
         p, b, o = select([snapshot["active"].index(i) for i in trials],
                          snapshot["params"], snapshot["buffers"], snapshot["opt_state"])
 
-        def measure_copy(i: int, step: int) -> dict[str, float]:
+        def measure_copy(i: int, step: int) -> dict[str, float]:  # a goal check, as run_trial's replay
             goal_split = prepared[i].goal_split
-            return stack.measure_row(p, rows[i], {goal_split: prepared[i].eval_splits[goal_split]})
+            return stack.measure_row(p, rows[i], {goal_split: prepared[i].eval_splits[goal_split]}, reached[i].goal)
 
         return replay_bracket(reached, steps, begin, lambda step: stack.advance(p, b, o, trials, step), measure_copy)
 
@@ -533,7 +551,9 @@ def run_trials_vectorized(specs: list[TrialSpec], race: Any = None) -> list[Tria
         def measure_one(i: int) -> dict[str, float]:
             if i in measured:
                 return measured[i]
-            return stack.measure_row(params, rows[i], prepared[i].splits_at(step))
+            # a dense goal-only step of a trial still searching is a goal check, as in run_trial
+            goal = progress[i].goal if step not in first.full_steps and progress[i].searching else None
+            return stack.measure_row(params, rows[i], prepared[i].splits_at(step), goal)
 
         evaluate_trials(step, [(i, progress[i]) for i in active], measure_one,
                         replay if refine_steps else None, racer)
@@ -579,14 +599,18 @@ _TIMED_SECONDS = 0.02  # each timed run lasts about this long (at least 2 steps)
 
 def _clock(device: torch.device) -> Callable[[], float]:
     """CPU seconds of this process on a CPU (other processes sharing the cores do not count), wall
-    seconds after a synchronisation on an accelerator."""
-    if device.type == "cuda":
-        def clock() -> float:
-            torch.cuda.synchronize(device)
-            return time.perf_counter()
+    seconds after a synchronisation on an accelerator (CUDA, MPS)."""
+    if device.type == "cpu":
+        return time.process_time
 
-        return clock
-    return time.process_time
+    def clock() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elif device.type == "mps":
+            torch.mps.synchronize()
+        return time.perf_counter()
+
+    return clock
 
 
 def _per_call(fn: Callable[[int], Any], clock: Callable[[], float], repeats: int = 3) -> float:
@@ -661,9 +685,15 @@ def vectorization_pays(specs: list[TrialSpec]) -> bool:
     fixed threshold. ``False`` when they cannot be vectorized (fewer than 2 trials, an obstacle, a
     model that does not run vectorized, an invalid spec: the sequential path reports it).
 
+    Changes no trial's results: it only chooses the path. On the CPU it measures only where the
+    vectorized path is exact (the fused MLP path: :attr:`StackedTrials.exact`, each trial's results
+    equal its sequential run's to the bit); elsewhere on the CPU (``vmap``, which agrees only up to
+    rounding) it answers ``False`` without measuring, so that a trial's results stay a pure function
+    of its spec and never depend on timing (``vectorize = "always"`` still forces the vectorized
+    path). On an accelerator, whose results are reproducible only up to rounding anyway, it measures.
+
     Cached per (workload, optimizer, batch size, K, device, shared batch order or not) in this process,
-    so a worker measures each kind of task once. Changes no trial's results: it only chooses the path,
-    and both paths give the same results (up to floating-point rounding).
+    so a worker measures each kind of task once.
     """
     if len(specs) < 2 or vectorization_obstacle(specs) is not None:
         return False
@@ -679,6 +709,8 @@ def vectorization_pays(specs: list[TrialSpec]) -> bool:
            shared_order_seed(specs) is not None)
     if key not in _PAYS:
         try:
+            if device.type == "cpu" and mlp_layers(workload.build_model(seed=0)) is None:
+                raise NotVectorizable("the vmap path is not exact, so timing does not choose it (docstring)")
             cost = vectorization_costs(specs)
         except NotVectorizable:
             _PAYS[key] = False

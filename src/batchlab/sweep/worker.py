@@ -69,7 +69,8 @@ def trial_spec(task: TrialTask, index: int):
 def run_task(task: TrialTask) -> list[TrialOutcome]:
     """Run every trial of ``task``; one outcome per trial, in order.
 
-    Vectorized when ``task.vectorized`` (in groups of ``task.group_size``, 0: all at once), unless the
+    Vectorized when ``task.vectorized`` (in groups of ``task.group_size``, 0: all at once; with
+    ``task.choose`` only when :func:`batchlab.sweep.vectorized.vectorization_pays`), unless the
     trials turn out not to be vectorizable (:class:`batchlab.sweep.vectorized.NotVectorizable`: their
     model has dropout or batch norm, say); then they run one at a time, with the results
     :func:`batchlab.train.run_trial` gives, and their outcomes say ``vectorized=False``. A raced
@@ -87,16 +88,19 @@ def run_task(task: TrialTask) -> list[TrialOutcome]:
     results: list = []
     flags: list[bool] = []
     if task.vectorized:
-        from batchlab.sweep.vectorized import NotVectorizable, run_trials_vectorized
+        from batchlab.sweep.vectorized import NotVectorizable, run_trials_vectorized, vectorization_pays
 
         size = task.group_size or len(specs)
-        try:
-            for start in range(0, len(specs), size):
-                group = specs[start:start + size]
-                results.extend(run_trials_vectorized(group, race=race))
-                flags.extend([True] * len(group))
-        except NotVectorizable:  # e.g. a user's model with dropout or batch norm: the rest one at a time
-            pass
+        # vectorize = "auto": measured once per (workload, optimizer, B, K, device, shared order) in this
+        # worker and applied to every group of the task; it never changes a result
+        if not task.choose or vectorization_pays(specs[:size]):
+            try:
+                for start in range(0, len(specs), size):
+                    group = specs[start:start + size]
+                    results.extend(run_trials_vectorized(group, race=race))
+                    flags.extend([True] * len(group))
+            except NotVectorizable:  # e.g. a user's model with dropout or batch norm: the rest one at a time
+                pass
     for spec in specs[len(results):]:
         results.append(run_prepared(prepare_trial(spec), race=race))
         flags.append(False)
