@@ -186,6 +186,19 @@ def test_export_maps_stopped_at_goal_to_the_release_convention(store, tmp_path):
     assert sources == {d["source"]} and d["source"] != "batch_science"
 
 
+def test_export_writes_raced_trials_as_incomplete_and_the_import_reads_them_back(store, tmp_path):
+    d = definition(stop_rule=RULE, race={"keep": 2})
+    publish_trials(store, [record(1, d, status="STOPPED_AT_GOAL", steps=40), record(2, d, status="RACED", steps=50)])
+    report = export_batch_science(store, tmp_path / "out")
+    assert report.raced == 1 and "RACED -> status INCOMPLETE" in report.as_dict()["status_mapping"]
+    meta = json.loads((tmp_path / "out" / W / "64" / "2" / "metadata.json").read_text())
+    assert (meta["status"], meta["steps"], meta["batchlab_status"]) == ("INCOMPLETE", 50, "RACED")
+    again = Store.open(tmp_path / "again", create=True)
+    import_batch_science(again, tmp_path / "out")
+    statuses = dict(again.connect().execute("SELECT trial_id, status FROM trials").fetchall())
+    assert statuses == {1: "STOPPED_AT_GOAL", 2: "RACED"}
+
+
 def test_export_of_several_definitions_at_one_batch_size_lists_them(store, tmp_path):
     a, b = definition(), definition(train_steps=100)
     publish_trials(store, [record(1, a), record(2, a), record(3, b)])

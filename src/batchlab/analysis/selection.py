@@ -6,9 +6,10 @@ A :class:`Selection` is the full set of choices of Shallue et al.'s protocol (do
 * ``workload``: the store's ``dataset/model/optimizer`` name.
 * ``metric`` and ``goal``: a row *reaches* the goal when ``value < goal`` (strictly), or
   ``value > goal`` with ``maximize=True``. Non-finite values (NaN, inf: diverged runs) never reach it.
-* ``statuses``: the trial statuses analysed (default ``COMPLETE`` and ``STOPPED_AT_GOAL``: trials
-  that ran their step budget, and trials stopped early because an evaluation met their study's stop
-  rule; a stopped trial can only answer goals its stop rule covers, see :func:`stop_rule_problem`).
+* ``statuses``: the trial statuses analysed (default ``COMPLETE``, ``STOPPED_AT_GOAL`` and ``RACED``:
+  trials that ran their step budget, trials stopped early because an evaluation met their study's
+  stop rule, and trials stopped by racing; a stopped trial can only answer goals its stop rule
+  covers, see :func:`stop_rule_problem`; docs/methods.md, "Racing in the analysis").
 * ``studies``: the study ids (or sweep ids) whose trials are used; ``None`` uses every study.
   Trials of one batch size from more than one study definition are refused unless
   ``mix_studies=True`` (and then reported as mixed).

@@ -3,7 +3,9 @@
 
 For each batch size of a workload:
 
-1. Take the trials whose status is in ``statuses`` (default ``COMPLETE`` and ``STOPPED_AT_GOAL``)
+1. Take the trials whose status is in ``statuses`` (default ``COMPLETE``, ``STOPPED_AT_GOAL`` and
+   ``RACED``; a raced trial whose rows do not meet the goal has an unknown first step, see
+   :func:`trial_first_steps`)
    from the selected studies (default: all; more than one study definition at one batch size is
    refused unless ``mix_studies``) and, with ``max_trials=N``, only the first N of them in trial-id
    order (``"auto"``: the paper's N for imported release workloads, refusing a batch size with

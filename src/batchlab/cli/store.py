@@ -206,6 +206,9 @@ def export_batch_science(
             line(f"{report['stopped_at_goal']} STOPPED_AT_GOAL trial(s) written as status COMPLETE with "
                  "steps = updates run (metadata.json batchlab_status STOPPED_AT_GOAL; study.json "
                  "early_stopping true), the release's convention for early-stopped trials")
+        if report["raced"]:
+            line(f"{report['raced']} RACED trial(s) written as status INCOMPLETE (metadata.json batchlab_status "
+                 "RACED): the release has no status for trials stopped by racing")
         if report["merged_batch_sizes"]:
             line(f"{report['merged_batch_sizes']} batch size(s) hold several study definitions: their "
                  "trials share one directory and study.json lists them under batchlab_studies")

@@ -16,6 +16,9 @@ Mapping to the release's conventions (docs/methods.md, "Trial statuses"):
   ``early_stopping: true``. This is how the release itself records early-stopped studies (their
   COMPLETE trials ran fewer steps than ``train_steps``), so a release reader sees an early-stopping
   study, and batchlab's import reads ``batchlab_status`` back, so the status survives a round trip.
+  A RACED trial (stopped by racing, docs/methods.md "Racing") is written as INCOMPLETE (stopped
+  before its budget for a reason other than a goal) with ``batchlab_status: "RACED"``, read back
+  the same way.
 - The release has one study per workload and batch size. Where the store holds several study
   definitions there, all their trials are written into that one directory (trial ids are unique per
   workload and batch size); ``study.json`` takes ``train_steps`` and ``parameter_configs`` from the
@@ -52,17 +55,20 @@ class ExportReport:
     trials: int = 0
     measurements: int = 0
     stopped_at_goal: int = 0  # STOPPED_AT_GOAL trials written as COMPLETE (see the module docstring)
+    raced: int = 0  # RACED trials written as INCOMPLETE
     merged_batch_sizes: int = 0  # batch sizes whose several study definitions share one study.json
 
     def as_dict(self) -> dict:
         return {"studies": self.studies, "trials": self.trials, "measurements": self.measurements,
-                "stopped_at_goal": self.stopped_at_goal, "merged_batch_sizes": self.merged_batch_sizes,
+                "stopped_at_goal": self.stopped_at_goal, "raced": self.raced,
+                "merged_batch_sizes": self.merged_batch_sizes,
                 "status_mapping": STATUS_MAPPING}
 
 
 #: How statuses are written (the export's own output repeats it).
 STATUS_MAPPING = ("STOPPED_AT_GOAL -> status COMPLETE with steps = updates run, batchlab_status "
-                  "STOPPED_AT_GOAL in metadata.json, early_stopping true in study.json")
+                  "STOPPED_AT_GOAL in metadata.json, early_stopping true in study.json; RACED -> status "
+                  "INCOMPLETE, batchlab_status RACED")
 
 
 def _safe_parts(workload: str) -> list[str]:
@@ -195,6 +201,9 @@ def _export_study(con, sdir: Path, workload: str, batch_size: int, report: Expor
         if status == "STOPPED_AT_GOAL":  # the release's convention; see the module docstring
             meta.update(status="COMPLETE", batchlab_status="STOPPED_AT_GOAL")
             report.stopped_at_goal += 1
+        elif status == "RACED":  # not a release status: stopped early for another reason than a goal
+            meta.update(status="INCOMPLETE", batchlab_status="RACED")
+            report.raced += 1
         _write_json(tdir / "metadata.json", meta)
         (tdir / "measurements.csv").write_bytes(_csv_bytes(metrics, row_step[lo:hi], wide[lo:hi], present[lo:hi]))
         report.trials += 1

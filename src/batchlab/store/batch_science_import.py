@@ -13,7 +13,7 @@ Each ``study.json`` becomes a study definition (:mod:`batchlab.store.studies`) w
 ``{"rule": "release"}``, no stop rule (the release does not record one) and its ``early_stopping``
 flag as the definition's ``early_stopping`` key. A trial's ``status`` must be one of the release's
 (COMPLETE, INCOMPLETE, INFEASIBLE); a ``batchlab_status`` field, written by batchlab's export for
-STOPPED_AT_GOAL trials, takes precedence, so export -> import keeps that status. A
+STOPPED_AT_GOAL and RACED trials, takes precedence, so export -> import keeps that status. A
 ``batchlab_studies`` list in ``study.json`` (written by batchlab's export: ``{study_id, definition,
 trial_ids}`` per study definition of that batch size) gives the listed trials their own definitions
 back; trials it does not list get the release definition.
@@ -205,7 +205,7 @@ def read_metadata_json(path: Path, trial_id: int) -> dict:
     status = _require(path, data, "status", str, "a string")
     if status not in RELEASE_STATUSES:
         raise MalformedFile(path, f"unknown status {status!r} (allowed: {', '.join(RELEASE_STATUSES)})")
-    if "batchlab_status" in data:  # written by batchlab's export (a STOPPED_AT_GOAL trial)
+    if "batchlab_status" in data:  # written by batchlab's export (a STOPPED_AT_GOAL or RACED trial)
         own = data["batchlab_status"]
         if own not in STATUSES:
             raise MalformedFile(path, f"unknown batchlab_status {own!r} (allowed: {', '.join(STATUSES)})")

@@ -274,7 +274,8 @@ class RichReporter(Reporter):
                     "(evaluation resolution); > N: not reached by any trial within N evaluated steps (censored); "
                     "upper bound: one-sided upper bound on the median best-of-K-trials steps (K = trials analysed; "
                     "no distribution-free lower bound exists); reached: trials that reached the goal / trials "
-                    "analysed (COMPLETE, STOPPED_AT_GOAL), other trials in parentheses (infeasible: diverged); "
+                    "analysed (COMPLETE, STOPPED_AT_GOAL, RACED: stopped by racing once it could not be among the two "
+                    "best), other trials in parentheses (infeasible: diverged); "
                     "regime: read from the measured points")
         fit_rows, named_rows = [], []
         methods: dict[str, str] = {}

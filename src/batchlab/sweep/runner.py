@@ -540,10 +540,10 @@ def summarize(store, plan: SweepPlan, wall_time_s: float, counters: dict, grown:
     planned trials enter the table (analysis.steps_to_result over a view of the store restricted to
     their trial keys), so every row rests on one study definition, and trials of other sweeps,
     ``batchlab train`` runs or imports at the same workload and batch size never enter. Statuses
-    analysed: COMPLETE and STOPPED_AT_GOAL.
+    analysed: COMPLETE, STOPPED_AT_GOAL and RACED (docs/methods.md, "Racing in the analysis").
     """
     from batchlab.analysis.steps_to_result import steps_to_result
-    from batchlab.analysis.tables import DEFAULT_STATUSES as statuses  # COMPLETE and STOPPED_AT_GOAL
+    from batchlab.analysis.tables import DEFAULT_STATUSES as statuses  # COMPLETE, STOPPED_AT_GOAL, RACED
 
     studies = list(plan.studies) if studies is None else list(studies)
     reported: dict[tuple[str, int], StudyPlan] = {}  # the last budget round run at each batch size

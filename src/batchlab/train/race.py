@@ -3,7 +3,7 @@
 A study's steps to result is the minimum over its trials of the first step meeting the goal, ties to
 the lower trial id (docs/methods.md, "Steps to result"); its one-sided steps interval reads the
 ``keep``-th best trial (:func:`batchlab.analysis.bootstrap.best_of_k_upper`, ``keep = 2`` at the
-default 90% level for every study of 2 to 100 trials). Racing keeps those ``keep`` best trials exact
+default 90% level for every study of 2 or more trials). Racing keeps those ``keep`` best trials exact
 and stops the others early:
 
 * A trial's *rank key* is ``(first step meeting the goal, trial id)``; the ``keep`` best are the
