@@ -1,5 +1,6 @@
 """Study definitions: ids, conflicting definitions kept apart, STOPPED_AT_GOAL, legacy files."""
 
+import dataclasses
 import json
 
 import pyarrow as pa
@@ -188,15 +189,21 @@ def test_export_maps_stopped_at_goal_to_the_release_convention(store, tmp_path):
 
 def test_export_writes_raced_trials_as_incomplete_and_the_import_reads_them_back(store, tmp_path):
     d = definition(stop_rule=RULE, race={"keep": 2})
-    publish_trials(store, [record(1, d, status="STOPPED_AT_GOAL", steps=40), record(2, d, status="RACED", steps=50)])
+    bounded = record(1, d, status="STOPPED_AT_GOAL", steps=40)
+    bounded = dataclasses.replace(bounded, measurements=[*bounded.measurements, (20, "val/classification_error", 0.5),
+                                                          (20, "val/classification_error:bound", 1.0)])
+    publish_trials(store, [bounded, record(2, d, status="RACED", steps=50)])
     report = export_batch_science(store, tmp_path / "out")
     assert report.raced == 1 and "RACED -> status INCOMPLETE" in report.as_dict()["status_mapping"]
+    assert report.bounded == 1  # a lower bound at step 20, with its flag column
     meta = json.loads((tmp_path / "out" / W / "64" / "2" / "metadata.json").read_text())
     assert (meta["status"], meta["steps"], meta["batchlab_status"]) == ("INCOMPLETE", 50, "RACED")
     again = Store.open(tmp_path / "again", create=True)
     import_batch_science(again, tmp_path / "out")
     statuses = dict(again.connect().execute("SELECT trial_id, status FROM trials").fetchall())
     assert statuses == {1: "STOPPED_AT_GOAL", 2: "RACED"}
+    flags = again.connect().execute("SELECT trial_id, step, value FROM measurements WHERE metric LIKE '%:bound'").fetchall()
+    assert flags == [(1, 20, 1.0)]  # the bound's flag comes back as it was
 
 
 def test_export_of_several_definitions_at_one_batch_size_lists_them(store, tmp_path):

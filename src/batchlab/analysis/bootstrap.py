@@ -317,6 +317,7 @@ def bootstrap_critical_batch_size(
     per_rep = [labels[i] for i in inverse]
     good = [lab for lab in per_rep if lab is not None]
     n_failed = len(per_rep) - len(good)
+    shared = len(good) + n_undetermined  # the shares' denominator
     rows = []
     brackets = curve.brackets()
     censoring = curve.censoring()
@@ -349,7 +350,10 @@ def bootstrap_critical_batch_size(
                 "steps_interval_note": note,
                 "regime": data["points"][j]["regime"],
                 "fit_regime": None if curve.steps[j] is None else regime(point_fit, float(batch), tolerance),
-                "regime_fractions": {k_: (v_ / len(good) if good else None) for k_, v_ in counts.items()},
+                # undetermined replicates (racing) stay in the denominator: each share is then a lower
+                # bound, and the undetermined share could belong to any regime
+                "regime_fractions": {k_: (v_ / shared if shared else None) for k_, v_ in counts.items()},
+                "regime_fractions_undetermined": (n_undetermined / shared) if shared else None,
             }
         )
     warnings = list(point_fit.warnings)
@@ -359,7 +363,8 @@ def bootstrap_critical_batch_size(
     if n_undetermined:
         warnings.append(f"{n_undetermined} of {n_boot} resampled curves are undetermined (racing: at some batch size "
                         "the resampled trials held only raced trials stopped before any known to reach the goal); "
-                        f"regime shares use the other {n_boot - n_undetermined}")
+                        "each regime share is a lower bound and regime_fractions_undetermined is the share that could "
+                        "belong to any regime")
     if n_failed > 0.1 * len(per_rep):
         warnings.append(f"{n_failed} of {len(per_rep)} resampled curves had fewer than two reached batch sizes "
                         f"or did not reach B0 = {data['b0']}")

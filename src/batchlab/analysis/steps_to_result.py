@@ -29,8 +29,8 @@ each one's first qualifying evaluation (0 when there was none before). Where no 
 goal, ``censored_at`` is the smallest last evaluated step (within the budget) over the selected
 trials: the steps to result is larger than that.
 
-Raced trials (status ``RACED``, docs/methods.md, "Racing"). A RACED trial was stopped at a full
-evaluation step ``steps`` once it could no longer be among its study's ``keep`` best trials; its
+Raced trials (status ``RACED``, docs/methods.md, "Racing"). A RACED trial was stopped at an
+evaluation (a full one, or a dense goal check) at step ``steps`` once it could no longer be among its study's ``keep`` best trials; its
 rows are the full protocol's up to ``steps``. If one of them qualifies, its first qualifying step is
 known exactly; if none does, its first step is *unknown*: larger than ``steps``, and at least the
 race's bound (the step of the ``keep``-th best trial's key for the stop goal, ties at it going to the
@@ -106,8 +106,9 @@ class BatchSizeResult:
             one's first qualifying evaluation (0 when none came before); ``None`` if not reached.
         censored_at: not reached: the smallest last evaluated step (within the budget) among the
             selected trials, so the steps to result is larger; ``None`` if reached or no trial has
-            an evaluation of the metric. (A RACED trial's rows end at its ``steps``, so on a raced
-            study this can be smaller than the full protocol's: still a true lower bound.)
+            an evaluation of the metric. (On a raced study it is the full protocol's: no trial reaches
+            the goal within a budget only if the budget ends before the race's bound, and a raced
+            trial's next evaluation after its ``steps`` is past that bound.)
         study_ids: the studies the selected trials came from (sorted; empty when the store records none).
         max_trials: the N of the first-N rule used (``None``: every selected trial).
         n_raced: how many of the selected trials are ``RACED`` (stopped by racing; counted in
@@ -263,9 +264,17 @@ def steps_to_result_many(
         reached = steps is not None
         ids = sorted(ids or [])
         checks[sel_id].append((int(batch_size), ids, sorted(stopped_ids or []), int(n_available), n_used))
+        if n_raced and n_used is not None and int(n_used) < int(n_available):
+            # the full protocol may have ended a raced trial INFEASIBLE (diverged later): outside the
+            # default statuses, it would not take one of the first N places, so the cut is not determined
+            raise BatchlabError(
+                f"workload {selections[sel_id].workload!r} batch size {int(batch_size)}: the first {int(n_used)} "
+                f"of {int(n_available)} trials include {int(n_raced)} RACED trial(s), whose later status (a "
+                "divergence would leave them out) racing does not know; allowed: every trial of the study (no "
+                "first-N cut), or re-run the study without --race")
         if unknown:
             raced[sel_id].append((int(batch_size), (int(steps), int(trial_id)) if reached else None,
-                                  [(int(t), int(x), sid) for t, x, sid in unknown]))
+                                  [(int(float(t)), int(float(x)), sid) for t, x, sid in unknown]))
         results[sel_id].append(
             BatchSizeResult(
                 workload=selections[sel_id].workload,
@@ -472,7 +481,7 @@ def trial_first_steps(con: duckdb.DuckDBPyConnection, selection: Selection) -> "
             continue
         known = group[group["first_step"].notna()]
         best = None if known.empty else min(zip(known["first_step"].astype(int), known["trial_id"].astype(int)))
-        raced.append((int(batch_size), best, [(int(t), int(x), sid if isinstance(sid, str) else None)
+        raced.append((int(batch_size), best, [(int(float(t)), int(float(x)), sid if isinstance(sid, str) else None)
                                               for t, x, sid in zip(here["trial_id"], here["raced_at"], here["study_id"])]))
     bounds = check_raced(con, selection, raced)
     if unknown.any() and not bounds:
@@ -643,7 +652,7 @@ summary AS (
            list(DISTINCT study_id) FILTER (WHERE study_id IS NOT NULL AND status = 'STOPPED_AT_GOAL') AS stopped_ids,
            any_value(n_available) AS n_available,
            count(*) FILTER (WHERE status = 'RACED') AS n_raced,
-           list([trial_id::VARCHAR, raced_at::VARCHAR, study_id] ORDER BY trial_id) FILTER (WHERE unknown) AS unknown
+           list([trial_id::BIGINT::VARCHAR, raced_at::BIGINT::VARCHAR, study_id] ORDER BY trial_id) FILTER (WHERE unknown) AS unknown
     FROM per_trial GROUP BY sel_id, batch_size
 ),
 batch_sizes AS (

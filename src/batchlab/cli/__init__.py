@@ -162,9 +162,16 @@ class PlainCoercion:
         descriptor = getattr(param, "type_descriptor", None)
         if descriptor is None or getattr(param, "_runtime_param", False) is not None:
             return
-        info = descriptor.parameter_info
+        missing = object()
+        info = getattr(descriptor, "parameter_info", missing)
+        if info is missing or getattr(descriptor, "file_annotation", missing) is missing:
+            return  # another typer than the one this was written against: it keeps its own conversion
+        try:
+            from typer._coercion import build_runtime_param  # noqa: F401  (used by coerce, checked now)
+        except ImportError:
+            return
         plain = (
-            descriptor.annotation in _PLAIN_KINDS
+            getattr(descriptor, "annotation", None) in _PLAIN_KINDS
             and descriptor.file_annotation is None
             and getattr(info, "parser", None) is None
             and getattr(info, "min", None) is None

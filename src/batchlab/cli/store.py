@@ -209,6 +209,10 @@ def export_batch_science(
         if report["raced"]:
             line(f"{report['raced']} RACED trial(s) written as status INCOMPLETE (metadata.json batchlab_status "
                  "RACED): the release has no status for trials stopped by racing")
+        if report["bounded"]:
+            line(f"{report['bounded']} value(s) are bounds of goal checks stopped once decided: each is flagged in "
+                 "the column <metric>:bound of its row (1: lower bound, -1: upper bound); a reader that ignores "
+                 "that column reads them as values")
         if report["merged_batch_sizes"]:
             line(f"{report['merged_batch_sizes']} batch size(s) hold several study definitions: their "
                  "trials share one directory and study.json lists them under batchlab_studies")

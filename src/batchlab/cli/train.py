@@ -274,9 +274,13 @@ def register(app: typer.Typer) -> None:
                                    on_trial=lambda t: advance(), **common)
         best, best_final = result.best, result.best_final
         first = result.trials[0]
+        raced = sum(t.status == "RACED" for t in result.trials)
+        # trials raced by trials of this study run before (a continued study): this run's best is not the study's
+        beaten = best is None and raced > 0
         summary = {
             "workload": result.workload, "batch_size": result.batch_size, "trials": len(result.trials),
-            "metric": first.metric, "goal": first.goal, "reached_goal": best is not None,
+            "n_raced": raced, "metric": first.metric, "goal": first.goal,
+            "reached_goal": None if beaten else best is not None,
             "best_trial": None if best is None else best.trial_id,
             "steps_to_goal": None if best is None else best.steps_to_goal,
             "steps_lower": None if best is None else best.steps_lower,
@@ -294,6 +298,9 @@ def register(app: typer.Typer) -> None:
             line(f"best trial: {best.trial_id}, {best.steps_to_goal} steps (first met in "
                  f"({best.steps_lower}, {best.steps_to_goal}]) to "
                  f"{first.metric} {'>' if first.maximize else '<'} {first.goal:g} ({params})")
+        elif beaten:
+            line(f"no trial of this run beat the study's two best trials run before ({raced} raced); the study's "
+                 f"steps to result: batchlab analyze steps-to-result --store {store}")
         else:
             text = f"no trial reached {first.metric} {'>' if first.maximize else '<'} {first.goal:g}"
             if best_final is not None:
@@ -302,8 +309,17 @@ def register(app: typer.Typer) -> None:
 
 
 def _print_measurements(rows: list[dict], title: str) -> None:
-    names = ["step"] + sorted({k for row in rows for k in row if k != "step"})
-    print_table(title, [(name, "right") for name in names], [[_format(row.get(n)) for n in names] for row in rows])
+    """One row per evaluation; a bounded goal check's value prints as ``<= v`` or ``>= v``
+    (docs/methods.md, "Bounded measurements"), its flag row is not a column."""
+    from batchlab.store.schema import BOUND_SUFFIX
+
+    names = ["step"] + sorted({k for row in rows for k in row if k != "step" and not k.endswith(BOUND_SUFFIX)})
+
+    def cell(row: dict, name: str) -> str:
+        flag = row.get(name + BOUND_SUFFIX)
+        return {-1.0: "<= ", 1.0: ">= "}.get(flag, "") + _format(row.get(name)) if name in row else _format(None)
+
+    print_table(title, [(name, "right") for name in names], [[cell(row, n) for n in names] for row in rows])
 
 
 def _print_trials(rows: list[dict], metric: str, title: str) -> None:

@@ -16,6 +16,10 @@ Mapping to the release's conventions (docs/methods.md, "Trial statuses"):
   ``early_stopping: true``. This is how the release itself records early-stopped studies (their
   COMPLETE trials ran fewer steps than ``train_steps``), so a release reader sees an early-stopping
   study, and batchlab's import reads ``batchlab_status`` back, so the status survives a round trip.
+  Bounded values (docs/methods.md, "Bounded measurements") keep the store's form: the metric's cell
+  holds the bound and the column ``<metric>:bound`` of the same row its flag (``1``: lower bound,
+  ``-1``: upper bound), which batchlab's import reads back as it was; a reader of the release format
+  that ignores that column would take the bound for a value, so the export counts them (``bounded``).
   A RACED trial (stopped by racing, docs/methods.md "Racing") is written as INCOMPLETE (stopped
   before its budget for a reason other than a goal) with ``batchlab_status: "RACED"``, read back
   the same way.
@@ -45,6 +49,7 @@ import pyarrow.csv as pacsv
 
 from batchlab.errors import BatchlabError
 from batchlab.store.store import Store
+from batchlab.store.schema import BOUND_SUFFIX
 
 
 @dataclass
@@ -56,11 +61,12 @@ class ExportReport:
     measurements: int = 0
     stopped_at_goal: int = 0  # STOPPED_AT_GOAL trials written as COMPLETE (see the module docstring)
     raced: int = 0  # RACED trials written as INCOMPLETE
+    bounded: int = 0  # values written as bounds, flagged in a ``<metric>:bound`` column
     merged_batch_sizes: int = 0  # batch sizes whose several study definitions share one study.json
 
     def as_dict(self) -> dict:
         return {"studies": self.studies, "trials": self.trials, "measurements": self.measurements,
-                "stopped_at_goal": self.stopped_at_goal, "raced": self.raced,
+                "stopped_at_goal": self.stopped_at_goal, "raced": self.raced, "bounded": self.bounded,
                 "merged_batch_sizes": self.merged_batch_sizes,
                 "status_mapping": STATUS_MAPPING}
 
@@ -173,6 +179,7 @@ def _export_study(con, sdir: Path, workload: str, batch_size: int, report: Expor
         "WHERE workload = ? AND batch_size = ? ORDER BY trial_id, step", [workload, batch_size]
     ).to_arrow_table()
     metrics = sorted(set(m["metric"].to_pylist())) if m.num_rows else []
+    report.bounded += sum(1 for name in m["metric"].to_pylist() if name.endswith(BOUND_SUFFIX)) if m.num_rows else 0
     tids = m["trial_id"].combine_chunks().to_numpy(zero_copy_only=False)
     steps = m["step"].combine_chunks().to_numpy(zero_copy_only=False)
     values = m["value"].combine_chunks().to_numpy(zero_copy_only=False)

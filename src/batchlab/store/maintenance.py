@@ -242,17 +242,42 @@ def compact(store: Store, grace_seconds: float = 600.0) -> CompactReport:
 
 
 def _claim_alive(pending: Path, claim_id: str) -> bool:
+    """Whether the process holding ``pending/<claim_id>.claim`` lives: its file is ``flock``-ed.
+
+    The file is opened read-only, so a claim of another user of a shared store (mode 0644) can be
+    tested; one that cannot be opened at all (PermissionError) counts as alive, as does any lock
+    that cannot be tested. The test takes an exclusive lock, which conflicts with the owner's shared
+    lock (:attr:`batchlab.store.Store.claim_id`); where ``flock`` is emulated with POSIX locks (NFS),
+    an exclusive lock needs a writable descriptor, so it is retried on one (a file that cannot be
+    opened for writing then counts as alive)."""
     path = pending / f"{claim_id}.claim"
     try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return False
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                return True
+            if exc.errno != errno.EBADF:
+                return True  # cannot tell: never take a live writer's files
+    finally:
+        os.close(fd)
+    try:  # EBADF: POSIX-emulated flock wants a writable descriptor for an exclusive lock
         fd = os.open(path, os.O_RDWR)
     except FileNotFoundError:
         return False
+    except PermissionError:
+        return True
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EAGAIN, errno.EACCES):
-            return True
-        raise
+    except OSError:
+        return True  # locked (EAGAIN), or cannot tell: alive
     finally:
         os.close(fd)
     return False

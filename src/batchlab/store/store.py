@@ -21,6 +21,7 @@ import this module.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -36,7 +37,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchlab.errors import BatchlabError, unknown_name_error
-from batchlab.store.files import TMP_PREFIX, exclusive_lock, write_bytes_atomic, write_data_table
+from batchlab.store.files import TMP_PREFIX, exclusive_lock, fsync_directory, write_bytes_atomic, write_data_table
 from batchlab.store.log import CommitPlan, StoreState, commit, read_state
 from batchlab.store.schema import (
     DATA_DIR,
@@ -119,38 +120,128 @@ class Store:
             raise BatchlabError(
                 f"no batchlab store at {root} (create one by importing or writing trials into it)"
             )
-        if root.is_dir() and any(p.name != MARKER for p in root.iterdir()):
-            if marker.is_file():  # another process created it meanwhile
-                return cls.open(root)
-            raise BatchlabError(f"{root} is a non-empty directory that is not a batchlab store")
-        # Built in a hidden sibling directory and renamed into place (atomic; rename(2) also replaces
-        # an empty directory), so no process ever sees a half-made store, and of two processes
-        # creating one store at once (two sweeps started together) the loser opens the winner's.
-        parent = root.absolute().parent
-        try:
-            parent.mkdir(parents=True, exist_ok=True)
-            building = parent / f"{TMP_PREFIX}{uuid.uuid4().hex}-{root.name}"
-            building.mkdir()
-        except OSError as exc:
-            raise BatchlabError(f"cannot create a store at {root}: {exc.strerror or exc}") from None
-        try:
-            for sub in STORE_DIRS:
-                (building / sub).mkdir(parents=True, exist_ok=True)
-            write_bytes_atomic(
-                building / MARKER, json.dumps({"format": "batchlab-store", "version": FORMAT_VERSION}).encode()
-            )
-            try:
-                os.rename(building, root)
-            except OSError:
-                if marker.is_file():  # another process won the race: use its store
-                    return cls.open(root)
-                raise BatchlabError(f"{root} is a non-empty directory that is not a batchlab store") from None
-        finally:
-            if building.exists():
-                shutil.rmtree(building, ignore_errors=True)
+        if root.is_symlink() and not root.exists():
+            raise BatchlabError(f"cannot create a store at {root}: it is a symbolic link to "
+                                f"{os.readlink(root)}, which does not exist")
+        if root.is_dir():  # an existing (empty) directory, a symbolic link to one, a mount point
+            return cls._create_in_place(root)
+        return cls._create_by_rename(root)
+
+    @classmethod
+    def _created(cls, root: Path) -> Store:
         store = cls(root)
         store.created = True
         return store
+
+    @classmethod
+    def _create_in_place(cls, root: Path) -> Store:
+        """Make a store inside the existing directory ``root`` (empty, or holding only a store being
+        made by another process): the subdirectories first, then the marker, hard-linked from a
+        temporary file in the store, so it appears whole and exactly one process's link succeeds;
+        that process made the store (``created``), the others open it."""
+        marker = root / MARKER
+        try:
+            names = [p.name for p in root.iterdir()]
+        except OSError as exc:
+            raise BatchlabError(f"cannot create a store at {root}: {exc.strerror or exc}") from None
+        layout = {LOCK_FILE, "lost+found", *(sub.split("/", 1)[0] for sub in STORE_DIRS)}  # lost+found: an ext4 mount point
+        if any(n not in layout and n != MARKER and not (n.startswith(TMP_PREFIX) and n.endswith(MARKER))
+               for n in names):
+            if marker.is_file():  # another process created it meanwhile
+                return cls.open(root)
+            raise BatchlabError(f"{root} is a non-empty directory that is not a batchlab store")
+        if marker.is_file():
+            return cls.open(root)
+        content = json.dumps({"format": "batchlab-store", "version": FORMAT_VERSION}).encode()
+        tmp = root / f"{TMP_PREFIX}{uuid.uuid4().hex}-{MARKER}"
+        try:
+            for sub in STORE_DIRS:
+                (root / sub).mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.write(fd, content)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(tmp, marker)  # atomic, and fails if the marker exists: one creator wins
+            except FileExistsError:
+                return cls.open(root)  # another process made it
+            except OSError as exc:
+                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
+                    raise
+                # no hard links on this file system: create the marker exclusively instead
+                try:
+                    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                except FileExistsError:
+                    return cls.open(root)
+                try:
+                    os.write(fd, content)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            try:
+                fsync_directory(root)
+            except OSError:
+                pass
+        except OSError as exc:
+            raise BatchlabError(f"cannot create a store at {root}: {exc.strerror or exc}") from None
+        finally:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+        return cls._created(root)
+
+    @classmethod
+    def _create_by_rename(cls, root: Path) -> Store:
+        """Make a store at the path ``root``, which does not exist: built in a hidden sibling
+        directory and renamed into place (atomic), so no process ever sees a half-made store, and of
+        two processes creating one store at once the loser opens the winner's. The sibling stays
+        ``flock``-ed while it is built, so one left by a killed process is recognised and removed by
+        the next creation. If ``root`` appeared meanwhile as an empty directory, it is made in place."""
+        marker = root / MARKER
+        parent = root.absolute().parent
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BatchlabError(f"cannot create a store at {root}: {exc.strerror or exc}") from None
+        _remove_dead_builds(parent, root.name)
+        building = parent / f"{TMP_PREFIX}{uuid.uuid4().hex}-{root.name}"
+        try:
+            building.mkdir()
+        except OSError as exc:
+            if root.is_dir():  # the parent is not writable, but the store's directory appeared
+                return cls._create_in_place(root)
+            raise BatchlabError(f"cannot create a store at {root}: {exc.strerror or exc}") from None
+        fd = None
+        try:
+            try:
+                fd = os.open(building, os.O_RDONLY)
+                fcntl.flock(fd, fcntl.LOCK_EX)  # "being built": not a leftover of a killed process
+                for sub in STORE_DIRS:
+                    (building / sub).mkdir(parents=True, exist_ok=True)
+                write_bytes_atomic(
+                    building / MARKER, json.dumps({"format": "batchlab-store", "version": FORMAT_VERSION}).encode()
+                )
+            except OSError as exc:
+                raise BatchlabError(f"cannot create a store at {root}: {exc.strerror or exc}") from None
+            try:
+                os.rename(building, root)
+            except OSError as exc:
+                if marker.is_file():  # another process won the race: use its store
+                    return cls.open(root)
+                if root.is_dir():  # appeared meanwhile (an empty directory, a mount point): build in it
+                    return cls._create_in_place(root)
+                if root.exists():
+                    raise BatchlabError(f"store path {root} is a file, not a directory") from None
+                raise BatchlabError(f"cannot create a store at {root}: {exc.strerror or exc}") from None
+        finally:
+            if building.exists():
+                shutil.rmtree(building, ignore_errors=True)
+            if fd is not None:
+                os.close(fd)
+        return cls._created(root)
 
     @classmethod
     def open_or_create(cls, path: str | Path) -> tuple[Store, bool]:
@@ -445,6 +536,38 @@ class Store:
                 kept.append(new_rel)
             (self.root / rel).unlink(missing_ok=True)
         return kept
+
+
+#: A hidden sibling build directory older than this and not locked was left by a killed creator.
+_DEAD_BUILD_S = 60.0
+
+
+def _remove_dead_builds(parent: Path, name: str) -> None:
+    """Remove hidden ``.tmp-<hex>-<name>`` build directories in ``parent`` that a creator killed
+    while building left behind: unlocked, and older than :data:`_DEAD_BUILD_S`. Never raises."""
+    import time
+
+    try:
+        candidates = [p for p in parent.glob(f"{TMP_PREFIX}*-{name}")
+                      if len(p.name) == len(TMP_PREFIX) + 33 + len(name)]
+    except OSError:
+        return
+    for path in candidates:
+        try:
+            if not path.is_dir() or path.is_symlink() or time.time() - path.stat().st_mtime < _DEAD_BUILD_S:
+                continue
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # being built
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+        finally:
+            os.close(fd)
 
 
 def _plain(table: pa.Table) -> pa.Table:

@@ -299,7 +299,8 @@ class DaskExecutor(Executor):
 
     ``scheduler=None`` starts ``LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
     host="127.0.0.1")``: nothing listens beyond loopback. Dask re-runs the tasks of a worker that dies;
-    the driver still writes each trial once.
+    the driver still writes each trial once. :attr:`workers` is the cluster's thread count *now* (an
+    adaptive cluster may start with none and grow), so a driver asks it each time it fills workers.
     """
 
     kind = "dask"
@@ -328,9 +329,27 @@ class DaskExecutor(Executor):
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 raise BatchlabError(f"cannot reach the Dask scheduler {scheduler} ({reason}); "
                                     "allowed: the address of a running scheduler, or --dask for a local cluster") from None
-        self.workers = max(1, sum(w.get("nthreads", 1) for w in self._client.scheduler_info()["workers"].values()))
+        self._workers_cache: tuple[float, int] | None = None  # (monotonic time, threads) of the last look
         self._futures: dict[Any, Any] = {}
         self._as_completed = None
+
+    #: Seconds a look at the scheduler's thread count stays current.
+    WORKERS_CACHE_S = 1.0
+
+    @property
+    def workers(self) -> int:
+        """The cluster's worker threads now (at least 1): an adaptive cluster grows and shrinks, so
+        this is asked of the scheduler (at most once per :attr:`WORKERS_CACHE_S` seconds) each time."""
+        now = time.monotonic()
+        cached = self._workers_cache
+        if cached is not None and now - cached[0] < self.WORKERS_CACHE_S:
+            return cached[1]
+        try:
+            threads = max(1, sum(int(n) for n in self._client.nthreads().values()))
+        except Exception:  # the scheduler is briefly unreachable: keep the last count
+            threads = cached[1] if cached is not None else 1
+        self._workers_cache = (now, threads)
+        return threads
 
     def submit(self, task: Any) -> None:
         future = self._client.submit(_dask_call, self.fn, task, key=f"batchlab-{getattr(task, 'key', type(task).__name__)}-{time.monotonic_ns()}",

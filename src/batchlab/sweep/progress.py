@@ -259,6 +259,8 @@ class RichReporter(Reporter):
                     budget += f" (round {fields['budget_round']})"
                 upper = (fields.get("steps_interval") or [None, None])[1]
                 reached = f"{r.n_reached}/{r.n_trials}"
+                if r.n_raced:
+                    reached += f" ({r.n_raced} raced)"
                 others = {k: v for k, v in fields["statuses"].items() if k not in DEFAULT_ANALYSIS_STATUSES}
                 if others:
                     reached += " (" + ", ".join(f"{v} {k.lower()}" for k, v in sorted(others.items())) + ")"
@@ -273,9 +275,9 @@ class RichReporter(Reporter):
             caption="(lower, upper]: the goal was first met after more than lower and at most upper updates "
                     "(evaluation resolution); > N: not reached by any trial within N evaluated steps (censored); "
                     "upper bound: one-sided upper bound on the median best-of-K-trials steps (K = trials analysed; "
-                    "no distribution-free lower bound exists); reached: trials that reached the goal / trials "
+                    "no distribution-free lower bound exists); reached: trials known to reach the goal / trials "
                     "analysed (COMPLETE, STOPPED_AT_GOAL, RACED: stopped by racing once it could not be among the two "
-                    "best), other trials in parentheses (infeasible: diverged); "
+                    "best, before it could reach the goal), other trials in parentheses (infeasible: diverged); "
                     "regime: read from the measured points")
         fit_rows, named_rows = [], []
         methods: dict[str, str] = {}
@@ -373,7 +375,7 @@ def result_fields(summary: SweepSummary, workload: str, row) -> dict[str, Any]:
     for point in fit.get("regimes", []):
         if isinstance(point, dict) and point.get("batch_size") == row.batch_size:
             fields.update({k: v for k, v in point.items() if k.startswith("steps_interval") or k in
-                           ("regime", "fit_regime", "regime_fractions")})
+                           ("regime", "fit_regime", "regime_fractions", "regime_fractions_undetermined")})
     return fields
 
 

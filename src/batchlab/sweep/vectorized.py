@@ -159,10 +159,32 @@ class MLPLayers:
     layers: tuple[tuple[str, str | None], ...]
 
 
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_backward_pre_hooks", "_global_forward_hooks_always_called", "_global_forward_hooks_with_kwargs")
+
+
+def _hooked(model: nn.Module) -> bool:
+    """Whether a forward or backward hook (on any of ``model``'s modules, or a global module hook) or
+    an instance's own ``forward`` would run code the fused path does not."""
+    import torch.nn.modules.module as module_mod
+
+    if any(getattr(module_mod, name, None) for name in _GLOBAL_HOOKS):
+        return True
+    return any(getattr(m, name, None) for m in model.modules() for name in _HOOKS) or any(
+        "forward" in vars(m) for m in model.modules())
+
+
 def mlp_layers(model: nn.Module) -> MLPLayers | None:
     """The :class:`MLPLayers` of ``model`` if it is exactly ``nn.Sequential([nn.Flatten()], Linear,
     ReLU, Linear, ..., ReLU, Linear)`` (the classes themselves, no subclasses; Flatten over all but the
-    first dimension), else ``None``: the models whose K copies the fused path computes."""
+    first dimension), else ``None``: the models whose K copies the fused path computes.
+
+    Exactly: its parameters are the Linear layers' ``<name>.weight`` and ``<name>.bias`` and nothing
+    else (``nn.utils.weight_norm`` or a parametrization renames them), it has no buffers, and no hook
+    would run in its forward or backward pass (forward, forward-pre, backward and backward-pre hooks
+    of any of its modules, global module hooks, an instance's own ``forward``): the fused path
+    computes the layers' products itself and would skip them."""
     if type(model) is not nn.Sequential:
         return None
     children = list(model.named_children())
@@ -181,7 +203,12 @@ def mlp_layers(model: nn.Module) -> MLPLayers | None:
             continue
         if type(module) is not nn.Linear:
             return None
-        layers.append((f"{name}.weight", f"{name}.bias" if module.bias is not None else None))
+        layers.append((f"{name}.weight", f"{name}.bias" if getattr(module, "bias", None) is not None else None))
+    expected = [n for layer in layers for n in layer if n is not None]
+    if [n for n, _ in model.named_parameters()] != expected or next(model.buffers(), None) is not None:
+        return None
+    if _hooked(model):
+        return None
     return MLPLayers(flatten, tuple(layers))
 
 
@@ -264,7 +291,7 @@ class StackedTrials:
         models = [p.model for p in prepared]
         try:
             params, buffers = torch.func.stack_module_state(models)
-        except RuntimeError as exc:  # e.g. a model class defined inside make_model: one class per trial
+        except Exception as exc:  # e.g. a model class defined inside make_model: one class per trial
             raise NotVectorizable(f"cannot vectorize these trials: {' '.join(str(exc).split())}") from exc
         self.params = {k: v.detach() for k, v in params.items()}
         self.buffers = buffers
@@ -389,19 +416,13 @@ def measure_stacked(workload: Any, forward: Callable[[torch.Tensor], torch.Tenso
         BatchlabError: an unknown or empty split (as ``measure``), or no ``eval_batch_size`` and no ``model``.
     """
     from batchlab.workloads.data import as_split
-    from batchlab.workloads.metrics import check_split, fixed_subset
+    from batchlab.workloads.metrics import accumulate_sums, check_split, prepared_split, split_means
 
     caps = workload.eval_examples or {}
     rows: list[dict[str, float]] | None = None
     with torch.inference_mode():
         for split, data in splits.items():
-            check_split(split)
-            part = as_split(data, split)
-            if len(part) == 0:
-                raise BatchlabError(f"evaluation needs at least one example; the {split} split is empty")
-            subset = fixed_subset(len(part), caps.get(split))
-            if subset is not None:
-                part = part.subset(subset)
+            part = prepared_split(as_split(data, check_split(split)), split, caps.get(split))  # as evaluate_split
             size = _eval_batch_size(workload, model, part, device)
             totals: list[dict[str, Any]] = []
             counts: list[dict[str, Any]] = []
@@ -411,16 +432,11 @@ def measure_stacked(workload: Any, forward: Callable[[torch.Tensor], torch.Tenso
                 if not totals:
                     totals, counts = [{} for _ in range(len(outputs))], [{} for _ in range(len(outputs))]
                 for r in range(len(outputs)):
-                    for name, (total, count) in workload.task.batch_sums(outputs[r], yb).items():
-                        if isinstance(total, torch.Tensor) and total.is_floating_point() and total.dtype != torch.float64:
-                            total = total.double()
-                        totals[r][name] = totals[r].get(name, 0) + total
-                        counts[r][name] = counts[r].get(name, 0) + count
+                    accumulate_sums(totals[r], counts[r], workload.task.batch_sums(outputs[r], yb))
             if rows is None:
                 rows = [{} for _ in totals]
             for r, row in enumerate(rows):
-                for name, total in totals[r].items():
-                    row[f"{split}/{name}"] = float(total) / counts[r][name] if counts[r][name] else math.nan
+                row.update(split_means(totals[r], counts[r], split))
     return rows or []
 
 
@@ -441,7 +457,8 @@ def _check_model(grad_and_loss: Any, params: dict, buffers: dict, first_batch: t
     its buffers are the same in every trial (evaluation uses one copy), and one step of every trial
     on ``first_batch``, run on copies of the buffers in a forked RNG state, neither fails under
     ``torch.func.vmap`` (randomness such as dropout does) nor changes a buffer (batch norm running
-    statistics would never reach the evaluated model)."""
+    statistics would never reach the evaluated model). Any exception of that step (a user's model
+    raising under ``vmap``, say) becomes :class:`NotVectorizable`."""
     for name, stacked in buffers.items():
         if not all(torch.equal(stacked[0], row) for row in stacked[1:]):
             raise NotVectorizable(f"cannot vectorize these trials: their models differ in the buffer {name!r}")
@@ -449,7 +466,7 @@ def _check_model(grad_and_loss: Any, params: dict, buffers: dict, first_batch: t
     try:
         with fork_rng(device):
             grad_and_loss(params, copies, *first_batch)
-    except RuntimeError as exc:
+    except Exception as exc:  # whatever a user's model raises here: the trials run one at a time
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise NotVectorizable(f"cannot vectorize these trials: their model does not run under torch.func.vmap ({reason})") from exc
     changed = [name for name in buffers if not torch.equal(copies[name], buffers[name])]

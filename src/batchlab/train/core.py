@@ -12,8 +12,9 @@ model and its optimizer, or K stacked parameter sets and a vectorized update):
 * :class:`TrialProgress` is one trial's state machine, fed one evaluation at a time: it records the
   row, marks a non-finite evaluation ``INFEASIBLE``, and when the goal is first met asks for the
   replay of the bracket before it settles ``steps_to_goal``, ``steps_lower`` and the status
-  (``COMPLETE``, ``STOPPED_AT_GOAL``, ``INFEASIBLE``; docs/methods.md, "Evaluation schedule and
-  resolution"). :func:`evaluate_trials` drives it for every trial evaluated at one step.
+  (``COMPLETE``, ``STOPPED_AT_GOAL``, ``INFEASIBLE``, or ``RACED`` when racing stopped it:
+  :mod:`batchlab.train.race`; docs/methods.md, "Evaluation schedule and resolution", "Racing").
+  :func:`evaluate_trials` drives it for every trial evaluated at one step.
 * :func:`replay_bracket` trains a copy of the trial(s) from the last evaluation before the goal was
   met, measuring the goal split at the resolution steps in between, given ``advance(step)`` (one
   update of the copy) and ``measure(trial, step)``.
@@ -61,7 +62,9 @@ class TrialProgress:
       ``steps = s``: the updates past ``s`` are discarded) without recording ``t``;
     * otherwise ``t`` is recorded and ``steps_to_goal = t``; with ``stop_at_goal`` the trial stops,
       ``STOPPED_AT_GOAL`` if ``t`` is before the budget (``COMPLETE`` at the very last step);
-    * ``steps_lower`` is the evaluation step before ``steps_to_goal`` (0 if none).
+    * ``steps_lower`` is the evaluation step before ``steps_to_goal`` (0 if none);
+    * :meth:`raced` (racing, :mod:`batchlab.train.race`): status ``RACED``, the trial stops at this
+      evaluation (``steps`` = updates run).
 
     ``on_record(row)`` is called for each recorded row, in order (the store's writer, a callback).
     """

@@ -45,7 +45,9 @@ Contract (see docs/internals.md):
   discarded; its study definition records the stop rule ``{metric, goal, maximize}``; a goal met at
   the very last step is ``COMPLETE``); ``INFEASIBLE`` when
   the training loss diverged (:mod:`batchlab.train.divergence`) or an evaluation produced a
-  non-finite value; the measurements taken until then are recorded. ``INCOMPLETE`` is never produced
+  non-finite value; the measurements taken until then are recorded; ``RACED`` when the study's race
+  (``run_prepared(..., race=)``, :mod:`batchlab.train.race`) stopped it at an evaluation after which
+  it could no longer be among the study's best (``steps`` = updates run). ``INCOMPLETE`` is never produced
   here: an interrupted trial publishes nothing (the store's writer is never finished), so a resumed
   sweep runs it again.
 * Study definition: ``TrialSpec.study_definition``, or one built with

@@ -216,8 +216,9 @@ def _first_input(data):
     return data.batch(torch.arange(1))[0]
 
 
-def _accumulate(totals: dict, counts: dict, batch: dict) -> None:
-    """Add one batch's ``{name: (sum, count)}``: floating tensors in float64, integers as integers."""
+def accumulate_sums(totals: dict, counts: dict, batch: dict) -> None:
+    """Add one batch's ``{name: (sum, count)}`` (:meth:`batchlab.workloads.tasks.Task.batch_sums`) to
+    ``totals`` and ``counts``: floating tensors in float64, integers as integers."""
     for name, (total, count) in batch.items():
         if isinstance(total, torch.Tensor) and total.is_floating_point() and total.dtype != torch.float64:
             total = total.double()
@@ -225,16 +226,25 @@ def _accumulate(totals: dict, counts: dict, batch: dict) -> None:
         counts[name] = counts.get(name, 0) + count
 
 
-def _means(totals: dict, counts: dict, split: str) -> dict[str, float]:
+def split_means(totals: dict, counts: dict, split: str) -> dict[str, float]:
+    """``{"<split>/<metric>": total / count}`` of accumulated sums (:func:`accumulate_sums`; NaN for a
+    zero count)."""
     return {f"{split}/{name}": float(totals[name]) / counts[name] if counts[name] else math.nan for name in totals}
 
 
-def _prepared(data, split: str, max_examples: int | None):
+def prepared_split(data, split: str, max_examples: int | None):
+    """``data`` (a :class:`batchlab.workloads.data.DataSplit`) as a streaming evaluation measures it:
+    ``split`` checked (:func:`check_split`), at least one example, at most ``max_examples`` of them
+    (a :func:`fixed_subset`)."""
     check_split(split)
     if len(data) == 0:
         raise BatchlabError(f"evaluation needs at least one example; the {split} split is empty")
     subset = fixed_subset(len(data), max_examples)
     return data if subset is None else data.subset(subset)
+
+
+# the names the evaluation passes below use
+_accumulate, _means, _prepared = accumulate_sums, split_means, prepared_split
 
 
 def _batch_sums(model: torch.nn.Module, data, sums: Callable, batch_size: int) -> Iterator[tuple[int, dict]]:
