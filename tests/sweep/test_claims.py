@@ -41,7 +41,8 @@ def _kill(process: subprocess.Popen) -> None:
 
 
 def _claim_files(path) -> list[str]:
-    return sorted(p.name for p in (path / CLAIMS_DIR).iterdir() if p.suffix in (".claim", ".owner", ".tmp"))
+    return sorted(p.name for p in (path / CLAIMS_DIR).iterdir()
+                  if p.suffix in (".claim", ".owner", ".tmp", ".lock") and not p.name.startswith("_"))
 
 
 def test_claim_refuse_release_and_take_over_from_a_killed_driver(tmp_path):
@@ -61,13 +62,13 @@ def test_claim_refuse_release_and_take_over_from_a_killed_driver(tmp_path):
             assert mine.claim_many(["b", "c", "d"]) == (["d"], ["b", "c"])
             assert mine.holder("b")["owner"] == owner
         finally:
-            _kill(process)  # its claims stay behind, dead: its store claim is no longer locked
+            _kill(process)  # its claims stay behind, dead: its lock is no longer held
         assert json.loads((path / CLAIMS_DIR / claim_name("b")).read_bytes())["owner"] == owner
         assert mine.holder("b") is None
         assert mine.claim("b")  # taken over
         assert mine.holder("b")["owner"] == mine.owner and not other.claim("b")
         assert collect_dead_claims(path) == 1  # "c": the dead driver's last claim; live ones stay
-        assert f"{owner}.owner" not in _claim_files(path)
+        assert f"{owner}.owner" not in _claim_files(path) and f"{owner}.lock" not in _claim_files(path)
         assert other.holder("a")["owner"] == other.owner and mine.holder("d")["owner"] == mine.owner
     finally:
         mine.close()
@@ -80,6 +81,7 @@ def test_a_driver_on_another_machine_lives_while_its_heartbeat_is_fresh(tmp_path
     # node-local lock, or a gone process), so its heartbeat decides, against this driver's own.
     path = tmp_path / "store"
     claims = TrialClaims(Store.open(path, create=True), stale_after_s=300.0)
+    assert claims.claim("x")  # starts the driver
     try:
         remote = {"owner": "remote0", "host": "node7", "boot": "another-kernel", "pid": 1, "time": 0.0}
         (path / CLAIMS_DIR / claim_name("k")).write_text(json.dumps({**remote, "key": "k"}))
@@ -136,8 +138,9 @@ def test_claiming_executor_runs_only_its_claims_and_waits_for_the_others(tmp_pat
         if len(results) == 2:  # the other driver publishes "b" and dies holding "d"
             published.add("b")
             other.release(["b"])
-            other._stop.set()  # no more heartbeats, and its store claim is unlocked: it is dead
-            os.close(other_store._claim_fd)
+            other._stop.set()  # no more heartbeats, and its lock is released: it is dead
+            os.close(other._lock_fd)
+            other._lock_fd = None
     executor.close()
     assert results == ["a", "c", "d"] and elsewhere == ["b"]
     assert [t.tag for t in ran] == ["kept"] * 2  # a task's subset keeps its other fields
@@ -190,3 +193,194 @@ def test_resumed_driver_takes_over_the_claims_of_a_sigkilled_driver(tiny_baselin
     assert done["trials_run"] == 6 - len(kept) and done["trials_by_others"] == 0
     assert store_contents(path) == base_contents
     assert _claim_files(path) == []  # the dead driver's claims were taken over or collected
+
+
+# ---------------------------------------------------------------------------------------- leaks, liveness
+def test_an_interrupted_claim_or_release_leaves_no_forgotten_claim_file(tmp_path, monkeypatch):
+    import batchlab.sweep.claims as claims_module
+
+    path = tmp_path / "store"
+    claims = TrialClaims(Store.open(path, create=True))
+    real_link = os.link
+
+    def link_then_interrupt(src, dst):  # Ctrl-C right after the claim file appeared
+        real_link(src, dst)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(claims_module.os, "link", link_then_interrupt)
+    try:
+        claims.claim("a")
+    except KeyboardInterrupt:
+        pass
+    monkeypatch.setattr(claims_module.os, "link", real_link)
+    assert (path / CLAIMS_DIR / claim_name("a")).exists() and "a" in claims.held
+
+    class InterruptedDiscard(set):  # Ctrl-C between removing the file and forgetting the key
+        def discard(self, key):
+            raise KeyboardInterrupt
+
+    claims.held = InterruptedDiscard(claims.held)
+    try:
+        claims.release(["a"])
+    except KeyboardInterrupt:
+        pass
+    assert not (path / CLAIMS_DIR / claim_name("a")).exists()  # the file went first
+    claims.held = set(claims.held)
+    claims.close()
+    assert _claim_files(path) == []
+
+
+def test_a_claim_leaked_by_a_closed_driver_is_dead_in_the_same_process(tmp_path):
+    # A notebook: one process, one Store, a sweep that ended and left a claim file behind. The store's
+    # claim is still locked (the process lives), but the driver's own lock is gone: the claim is dead.
+    path = tmp_path / "store"
+    store = Store.open(path, create=True)
+    first = TrialClaims(store)
+    assert first.claim("k")
+    leaked = (path / CLAIMS_DIR / claim_name("k")).read_bytes()
+    first.close()
+    (path / CLAIMS_DIR / claim_name("k")).write_bytes(leaked)  # as if close() had been cut short
+    second = TrialClaims(store)
+    try:
+        assert second.holder("k") is None and second.claim("k")
+        assert second.holder("k")["owner"] == second.owner != first.owner
+    finally:
+        second.close()
+    assert _claim_files(path) == []
+
+
+def test_a_running_driver_in_the_same_process_stays_alive(tmp_path):
+    path = tmp_path / "store"
+    store = Store.open(path, create=True)
+    one, two = TrialClaims(store), TrialClaims(store)  # two drivers sharing one Store object
+    try:
+        assert one.claim("k") and not two.claim("k")
+        assert collect_dead_claims(path) == 0 and f"{one.owner}.lock" in _claim_files(path)
+    finally:
+        one.close()
+        two.close()
+
+
+def test_a_finished_sweep_writes_no_claims_and_errors_are_one_line(tmp_path, monkeypatch):
+    from batchlab.errors import BatchlabError
+    from batchlab.store.schema import PENDING_DIR
+
+    path = tmp_path / "store"
+    store = Store.open(path, create=True)
+    before = sorted(p.relative_to(path) for p in path.rglob("*"))
+    claims = TrialClaims(store)
+    claims.collect_dead()
+    executor = ClaimingExecutor(InlineExecutor(lambda task: []), claims, set)
+    assert list(executor.outcomes()) == []  # nothing left to run
+    executor.close()
+    assert sorted(p.relative_to(path) for p in path.rglob("*")) == before  # not even pending/trials/
+
+    def refused(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr("pathlib.Path.mkdir", refused)
+    claims = TrialClaims(store)
+    try:
+        claims.claim("a")
+    except BatchlabError as exc:
+        assert str(exc) == f"cannot write trial claims in {path}: Permission denied"
+    else:
+        raise AssertionError("no error")
+    claims.close()
+    assert not (path / PENDING_DIR / "trials").exists()
+
+
+def test_store_claim_liveness_needs_no_write_access(tmp_path, monkeypatch):
+    # Another user's claim file (0644) cannot be opened for writing: the test opens it read-only.
+    import batchlab.store.maintenance as maintenance
+    from batchlab.store.schema import PENDING_DIR
+
+    path = tmp_path / "store"
+    store = Store.open(path, create=True)
+    claim = store.claim_id
+    real_open = os.open
+
+    def read_only(file, flags, *args):
+        if flags & (os.O_RDWR | os.O_WRONLY):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, flags, *args)
+
+    monkeypatch.setattr(maintenance.os, "open", read_only)
+    assert maintenance._claim_alive(path / PENDING_DIR, claim)
+    os.close(store._claim_fd)  # the writer is gone
+    assert not maintenance._claim_alive(path / PENDING_DIR, claim)
+
+    def unreadable(file, flags, *args):
+        raise PermissionError(13, "Permission denied", str(file))
+
+    monkeypatch.setattr(maintenance.os, "open", unreadable)
+    assert maintenance._claim_alive(path / PENDING_DIR, claim)  # cannot tell: alive, no traceback
+
+
+def test_a_waiting_driver_says_whom_it_waits_for(tmp_path):
+    path = tmp_path / "store"
+    other = TrialClaims(Store.open(path, create=True))
+    assert other.claim("b")
+    claims = TrialClaims(Store.open(path))
+    notes: list[str] = []
+    published: set[str] = set()
+    executor = ClaimingExecutor(InlineExecutor(lambda task: [t.key for t in task.trials]), claims,
+                                lambda: set(published), poll_s=0.01, note=notes.append, note_s=3600)
+    executor.submit(_Task((_Trial("a"), _Trial("b"))))
+    seen = []
+    for outcome in executor.outcomes():
+        seen.append(outcome)
+        if notes and not published:  # said once; now the other driver publishes "b"
+            published.add("b")
+            other.release(["b"])
+        if len(seen) > 5:
+            break
+    executor.close()
+    other.close()
+    assert len(notes) == 1, notes  # at most one note per note_s
+    assert "waiting for 1 trial held by other sweep drivers" in notes[0]
+    assert f"host {claims.host} pid {os.getpid()}" in notes[0]
+    assert [o.elsewhere for o in seen] == [False, True]
+
+
+class _GrowingExecutor(InlineExecutor):
+    def __init__(self):
+        super().__init__(lambda task: [])
+        self.started = []
+
+    def submit(self, task):
+        self.started.append(task)
+
+
+def test_the_claiming_executor_follows_the_inner_executors_workers(tmp_path):
+    inner = _GrowingExecutor()
+    claims = TrialClaims(Store.open(tmp_path / "store", create=True))
+    executor = ClaimingExecutor(inner, claims, set)
+    for key in "abcd":
+        executor.submit(_Task((_Trial(key),)))
+    list(executor._fill())
+    assert len(inner.started) == 1 and executor.workers == 1
+    inner.workers = 3  # an adaptive cluster grew
+    list(executor._fill())
+    assert len(inner.started) == 3 and executor.workers == 3
+    claims.close()
+
+
+def test_dask_workers_are_the_schedulers_threads_now():
+    from batchlab.sweep.executors import DaskExecutor
+
+    class Client:
+        threads: dict = {}
+
+        def nthreads(self):
+            return self.threads
+
+    executor = DaskExecutor.__new__(DaskExecutor)  # no cluster: only the thread count is asked
+    executor._client, executor._workers_cache = Client(), None
+    executor.WORKERS_CACHE_S = 0.0
+    assert executor.workers == 1  # an adaptive cluster that has no worker yet: at least one task
+    Client.threads = {"tcp://a": 2, "tcp://b": 4}
+    assert executor.workers == 6
+    executor.WORKERS_CACHE_S = 3600.0
+    Client.threads = {}
+    assert executor.workers == 6  # cached for a while

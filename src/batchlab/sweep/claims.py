@@ -10,15 +10,18 @@ both end with the whole sweep in the store.
 
 Layout, under the store's ``pending/`` directory::
 
-    pending/<owner>.claim                 the owner's store claim (Store.claim_id), flock-ed while it lives
+    pending/trials/<owner>.lock           the owner's lock: flock-ed (exclusively) while the driver runs
     pending/trials/<owner>.owner          the owner: host, boot id, pid, start time; its mtime is a heartbeat
     pending/trials/<sha256(key)>.claim    one claimed trial: {"key", "owner", "host", "boot", "pid", "time"}
     pending/trials/_takeover.lock         serialises take-overs and the removal of dead claims (flock)
 
-A claim's *owner* is the driver's store claim id (:attr:`batchlab.store.Store.claim_id`), whose file
-stays ``flock``-ed while the driver process lives and is released by the kernel when it dies, even by
-SIGKILL (the store's own test of a live writer, ``batchlab.store.maintenance._claim_alive``). A claim
-is **live** when its owner is this driver, or the owner's store claim is locked, or (only for an owner
+A claim's *owner* is one driver (one :class:`TrialClaims`, a fresh id each), whose ``<owner>.lock``
+stays ``flock``-ed from its first claim until it closes, and is released by the kernel when the process
+dies, even by SIGKILL. The lock belongs to the driver, not to the process: a sweep that ended in a
+long-lived process (a notebook) leaves no live claim behind, whatever became of its claim files. A
+lock is tested read-only with a shared lock (``LOCK_SH|LOCK_NB``), so the files of another user of a
+shared store can be tested; one that cannot be opened counts as alive. A claim
+is **live** when its owner is this driver, or the owner's lock is held, or (only for an owner
 on another machine: another kernel boot id) the owner's heartbeat was refreshed within
 ``stale_after_s`` (:data:`STALE_AFTER_S`, 300 s) before this driver's own. Each driver refreshes its
 heartbeat (the mtime of its ``.owner`` file) every ``heartbeat_s`` (:data:`HEARTBEAT_S`, 30 s) from a
@@ -26,6 +29,10 @@ background thread; ages are differences of two mtimes the file system set, so cl
 machines need not agree. On one machine a dead driver's claims are taken over at once; a driver on
 another machine that died is taken over once its lock is gone and its heartbeat is older than
 ``stale_after_s`` (the heartbeat covers file systems whose locks are local to a node).
+
+Nothing is written until the driver claims its first trial (a sweep that is already finished writes
+nothing, so it can print its summary from a read-only store); a file system error while claiming is
+a one-line :class:`batchlab.errors.BatchlabError` ("cannot write trial claims in STORE: ...").
 
 Claiming is atomic: the record is written to a temporary file and hard-linked to its final name
 (``link`` fails if the name exists, so exactly one driver wins a free trial). A dead claim is taken
@@ -39,14 +46,19 @@ driver that held it before) is not run again.
 claimed only when a worker is free (at most ``workers`` tasks in flight), so concurrent drivers take
 tasks in turn instead of one claiming everything at the start. A task whose trials are partly held by
 another driver runs the rest (``dataclasses.replace(task, trials=...)``, so a task keeps every other
-field). Trials another driver published come back as outcomes with ``elsewhere=True``.
+field). Trials another driver published come back as outcomes with ``elsewhere=True``. While it has
+nothing to do but wait for trials other drivers hold, it says so (``note``, default a log warning of
+``batchlab.sweep.claims``, naming the holders' host and pid) once, then every :data:`NOTE_S` seconds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
+import logging
 import os
 import platform
 import threading
@@ -57,7 +69,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from batchlab.store.files import exclusive_lock
+from batchlab.errors import BatchlabError
 from batchlab.store.schema import PENDING_DIR
 from batchlab.sweep.executors import Executor, Outcome
 
@@ -70,8 +82,11 @@ HEARTBEAT_S = 30.0
 STALE_AFTER_S = 300.0
 #: Seconds between two looks at the store while trials held by other drivers are awaited.
 POLL_S = 2.0
+#: Seconds between two notes that this driver waits for trials other drivers hold.
+NOTE_S = 30.0
 
 _TAKEOVER_LOCK = "_takeover.lock"
+_log = logging.getLogger(__name__)
 
 
 def claim_name(key: str) -> str:
@@ -88,10 +103,70 @@ def boot_id() -> str:
         return platform.node()
 
 
-def _owner_lock_alive(pending: Path, owner: str) -> bool:
-    from batchlab.store.maintenance import _claim_alive  # the store's one test of a live writer
+def _lock_path(directory: Path, owner: str) -> Path | None:
+    if not owner or "/" in owner or owner.startswith((".", "_")):
+        return None
+    return directory / f"{owner}.lock"
 
-    return bool(owner) and "/" not in owner and _claim_alive(pending, owner)
+
+def driver_lock_alive(directory: Path, owner: str) -> bool:
+    """Whether the driver ``owner`` runs: its ``<owner>.lock`` in the claims ``directory`` is locked.
+
+    Tested on a read-only descriptor with ``LOCK_SH|LOCK_NB`` (which conflicts only with the owner's
+    exclusive lock, and works where ``flock`` is emulated with POSIX locks); a file that cannot be
+    opened (another user's, unreadable) or tested counts as alive, a missing one as dead."""
+    path = _lock_path(directory, owner)
+    if path is None:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True  # EWOULDBLOCK: held; anything else: cannot tell, never take a live driver's trials
+    finally:
+        os.close(fd)
+    return False
+
+
+def _remove_dead_lock(directory: Path, owner: str) -> None:
+    """Remove the lock file of the dead driver ``owner`` if it is (still) not locked: removed while
+    holding a shared lock on it, so an owner that just created it notices (:meth:`TrialClaims._lock`)."""
+    path = _lock_path(directory, owner)
+    if path is None:
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        if os.fstat(fd).st_ino == os.stat(path).st_ino:
+            path.unlink()
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _takeover_lock(directory: Path) -> Iterator[None]:
+    """Hold the exclusive take-over lock of the claims ``directory`` for the block (created if
+    missing; opened read-only when another user's file cannot be opened for writing)."""
+    path = directory / _TAKEOVER_LOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except PermissionError:
+        fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _read(path: Path) -> tuple[bytes, dict] | None:
@@ -120,18 +195,18 @@ def _file_system_now(directory: Path) -> float:
 def driver_alive(root: str | os.PathLike, record: dict, *, own: str = "", boot: str | None = None,
                  now: Callable[[], float] | None = None, stale_after_s: float = STALE_AFTER_S) -> bool:
     """Whether the driver named by ``record["owner"]`` (a claim or owner record) lives (module docstring):
-    it is ``own`` (the asking driver), or its store claim ``pending/<owner>.claim`` is locked, or it runs
+    it is ``own`` (the asking driver), or its lock ``pending/trials/<owner>.lock`` is held, or it runs
     on another kernel than ``boot`` (default: this one's) and its heartbeat is at most ``stale_after_s``
     older than ``now()`` (default: the file system's clock, :func:`_file_system_now`)."""
     root = Path(root)
+    directory = root / CLAIMS_DIR
     owner = str(record.get("owner") or "")
     if owner and owner == own:
         return True
-    if _owner_lock_alive(root / PENDING_DIR, owner):
+    if driver_lock_alive(directory, owner):
         return True
     if record.get("boot") == (boot or boot_id()):
         return False  # same kernel: the lock is the truth
-    directory = root / CLAIMS_DIR
     try:
         beat = (directory / f"{owner}.owner").stat().st_mtime
     except (FileNotFoundError, ValueError):
@@ -141,7 +216,7 @@ def driver_alive(root: str | os.PathLike, record: dict, *, own: str = "", boot: 
 
 def collect_dead_claims(root: str | os.PathLike, *, own: str = "", now: Callable[[], float] | None = None,
                         stale_after_s: float = STALE_AFTER_S) -> int:
-    """Remove the trial claims, owner files and temporary files of dead drivers from the store at
+    """Remove the trial claims, owner files, lock files and temporary files of dead drivers from the store at
     ``root`` (:func:`driver_alive`; ``own``: the calling driver, never removed); returns how many claims
     were removed. Runs under the take-over lock, so a claim being taken over is never removed. Store
     maintenance may call it too: it needs no claim of its own."""
@@ -165,11 +240,12 @@ def collect_dead_claims(root: str | os.PathLike, *, own: str = "", now: Callable
         return alive[owner]
 
     removed = 0
-    with exclusive_lock(directory / _TAKEOVER_LOCK):
+    with _takeover_lock(directory):
         owners: dict[str, dict] = {}
         for path in directory.glob("*.owner"):
             found = _read(path)
             owners[path.stem] = found[1] if found else {}
+        locks = [p.stem for p in directory.glob("*.lock") if _lock_path(directory, p.stem) is not None]
         for path in directory.glob("*.claim"):
             found = _read(path)
             if found is None:
@@ -185,39 +261,104 @@ def collect_dead_claims(root: str | os.PathLike, *, own: str = "", now: Callable
         for owner, record in owners.items():
             if not owner_alive(owner, record):
                 (directory / f"{owner}.owner").unlink(missing_ok=True)
+        for owner in locks:  # the lock of a driver killed before it closed
+            if owner != own and not owner_alive(owner, owners.get(owner, {})):
+                _remove_dead_lock(directory, owner)
     return removed
 
 
 class TrialClaims:
     """The trial claims of one driver on one store (see the module docstring).
 
-    ``store``: an open :class:`batchlab.store.Store`; its ``claim_id`` is the owner id. Creating the
-    object writes the owner file and starts the heartbeat thread; :meth:`close` releases every claim
-    still held, stops the heartbeat and removes the owner file.
+    ``store``: an open :class:`batchlab.store.Store` (only its ``root`` is used). The driver's owner
+    id is fresh for each object. Nothing is written until the first :meth:`claim`: it creates the
+    claims directory, takes the driver's lock, writes the owner file and starts the heartbeat thread.
+    :meth:`close` releases every claim still held, stops the heartbeat, removes the owner file and
+    the lock file and releases the lock. File system errors are one-line BatchlabErrors.
     """
 
     def __init__(self, store: Any, *, stale_after_s: float = STALE_AFTER_S, heartbeat_s: float = HEARTBEAT_S) -> None:
         self.root = Path(store.root)
         self.dir = self.root / CLAIMS_DIR
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.owner = store.claim_id  # locks pending/<owner>.claim for this process's lifetime
+        self.owner = uuid.uuid4().hex  # this driver (not this process: a notebook runs many sweeps)
         self.stale_after_s = float(stale_after_s)
         self.heartbeat_s = float(heartbeat_s)
         self.host, self.boot = platform.node(), boot_id()
         self.held: set[str] = set()
         self._owner_file = self.dir / f"{self.owner}.owner"
-        self._write_owner_file()
+        self._lock_file = self.dir / f"{self.owner}.lock"
+        self._lock_fd: int | None = None
+        self._started = False
+        self._closed = False
+        self._collect_on_start = False
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._heartbeat, name="batchlab-claims-heartbeat", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+
+    def _error(self, exc: OSError) -> BatchlabError:
+        return BatchlabError(f"cannot write trial claims in {self.root}: {exc.strerror or exc}")
 
     # ------------------------------------------------------------------ the owner
+    def _start(self) -> None:
+        """Create the claims directory, take this driver's lock, write its owner file, start the
+        heartbeat (once, at the first claim)."""
+        if self._started:
+            return
+        if self._closed:
+            raise BatchlabError("these trial claims are closed")
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._write_owner_file()  # first: a driver on another machine sees a fresh heartbeat
+            self._lock()
+            self._write_owner_file()  # again, in case a collector removed it meanwhile
+        except OSError as exc:
+            self._unlock()
+            with contextlib.suppress(OSError):
+                self._owner_file.unlink(missing_ok=True)
+            raise self._error(exc) from None
+        self._started = True
+        self._thread = threading.Thread(target=self._heartbeat, name="batchlab-claims-heartbeat", daemon=True)
+        self._thread.start()
+        if self._collect_on_start:
+            self.collect_dead()
+
+    def _lock(self) -> None:
+        """Create ``<owner>.lock`` and hold an exclusive ``flock`` on it; a collector that removed the
+        file before it was locked (it looked unlocked) makes this start over with a new file."""
+        while True:
+            fd = os.open(self._lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if os.fstat(fd).st_ino == os.stat(self._lock_file).st_ino:
+                    self._lock_fd = fd
+                    return
+            except FileNotFoundError:
+                pass
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+
+    def _unlock(self) -> None:
+        """Remove the lock file (while still holding the lock), then release the lock."""
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is None:
+            return
+        try:
+            self._lock_file.unlink(missing_ok=True)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
     def _write_owner_file(self) -> None:
         record = {"owner": self.owner, "host": self.host, "boot": self.boot, "pid": os.getpid(),
                   "started": time.time()}
         tmp = self.dir / f"{self.owner}.{uuid.uuid4().hex}.tmp"
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, self._owner_file)
+        try:
+            tmp.write_text(json.dumps(record))
+            os.replace(tmp, self._owner_file)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
@@ -236,8 +377,8 @@ class TrialClaims:
 
     def alive(self, record: dict) -> bool:
         """Whether the claim ``record`` (or owner record) belongs to a live driver (module docstring)."""
-        return driver_alive(self.root, record, own=self.owner, boot=self.boot, now=self.beat,
-                            stale_after_s=self.stale_after_s)
+        return driver_alive(self.root, record, own=self.owner, boot=self.boot,
+                            now=self.beat if self._started else None, stale_after_s=self.stale_after_s)
 
     # ------------------------------------------------------------------ claims
     def _record(self, key: str) -> bytes:
@@ -261,16 +402,28 @@ class TrialClaims:
         held), False if another live driver holds it."""
         if key in self.held:
             return True
+        self._start()
+        try:
+            return self._claim(key)
+        except OSError as exc:
+            raise self._error(exc) from None
+
+    def _claim(self, key: str) -> bool:
         path = self.dir / claim_name(key)
         tmp = self._temporary(key)
         try:
             while True:
+                # In ``held`` before the claim file exists, so an interruption (Ctrl-C) at any point
+                # leaves no claim file this driver has forgotten: release() removes only its own files.
+                self.held.add(key)
                 try:
                     os.link(tmp, path)  # atomic: fails if the name exists
-                    self.held.add(key)
                     return True
                 except FileExistsError:
-                    pass
+                    self.held.discard(key)
+                except OSError:
+                    self.held.discard(key)
+                    raise
                 found = _read(path)
                 if found is None:
                     continue  # released meanwhile: try again
@@ -279,11 +432,11 @@ class TrialClaims:
                     return True
                 if self.alive(found[1]):
                     return False
-                with exclusive_lock(self.dir / _TAKEOVER_LOCK):  # take the dead claim over
+                with _takeover_lock(self.dir):  # take the dead claim over
                     again = _read(path)
                     if again is not None and again[0] == found[0]:
-                        os.replace(tmp, path)
                         self.held.add(key)
+                        os.replace(tmp, path)
                         return True
                 # changed meanwhile (released, or taken over by another driver): look again
         finally:
@@ -301,31 +454,52 @@ class TrialClaims:
         for key in keys:
             if key not in self.held:
                 continue
-            self.held.discard(key)
             path = self.dir / claim_name(key)
             found = _read(path)
             if found is not None and found[1].get("owner") == self.owner:
                 path.unlink(missing_ok=True)
+            self.held.discard(key)  # only once the file is gone: an interruption leaves it to release again
 
     def release_all(self) -> None:
         """Give up every claim this driver holds."""
         self.release(list(self.held))
 
     def collect_dead(self) -> int:
-        """Remove the claims, owner files and temporary files of dead drivers
-        (:func:`collect_dead_claims`); returns how many claims were removed."""
-        return collect_dead_claims(self.root, own=self.owner, now=self.beat, stale_after_s=self.stale_after_s)
+        """Remove the claims, owner files, lock files and temporary files of dead drivers
+        (:func:`collect_dead_claims`); returns how many claims were removed. Before this driver's first
+        claim it writes nothing: the collection happens at the first claim instead."""
+        if not self._started:
+            self._collect_on_start = True
+            return 0
+        try:
+            return collect_dead_claims(self.root, own=self.owner, now=self.beat, stale_after_s=self.stale_after_s)
+        except OSError as exc:
+            raise self._error(exc) from None
 
     def close(self) -> None:
-        """Release every claim, stop the heartbeat, remove dead claims and this driver's owner file
-        (idempotent)."""
-        if self._stop.is_set():
+        """Release every claim, stop the heartbeat, remove dead claims, this driver's owner file and
+        lock file, and release its lock (idempotent)."""
+        if self._closed:
             return
-        self.release_all()
-        self._stop.set()
-        self._thread.join()
-        self.collect_dead()
-        self._owner_file.unlink(missing_ok=True)
+        self._closed = True
+        if not self._started:
+            return
+        try:
+            self.release_all()
+        finally:
+            self._stop.set()
+            if self._thread is not None and self._thread is not threading.current_thread():
+                self._thread.join()
+            try:
+                self.collect_dead()
+            except (OSError, BatchlabError):
+                pass
+            finally:
+                try:
+                    self._owner_file.unlink(missing_ok=True)
+                except OSError:
+                    pass
+                self._unlock()
 
 
 class ClaimingExecutor(Executor):
@@ -338,17 +512,48 @@ class ClaimingExecutor(Executor):
     waits (polling every ``poll_s`` seconds) while trials held by other live drivers are unpublished,
     and runs those whose claim died. A task's claims are released when the driver asks for the next
     outcome after it (it has published the task by then), at once when its worker was lost, and all
-    of them on :meth:`close` and :meth:`abort`.
+    of them on :meth:`close` and :meth:`abort`. ``workers`` is the inner executor's, read each time
+    (a Dask cluster's grows and shrinks). While it only waits for other drivers, it calls ``note``
+    (default: a log warning) with a line naming them, at most every ``note_s`` seconds.
     """
 
     def __init__(self, inner: Executor, claims: TrialClaims, published: Callable[[], set[str]], *,
-                 poll_s: float = POLL_S) -> None:
+                 poll_s: float = POLL_S, note: Callable[[str], None] | None = None,
+                 note_s: float = NOTE_S) -> None:
         self.inner, self.claims, self.published, self.poll_s = inner, claims, published, float(poll_s)
-        self.kind, self.workers = inner.kind, inner.workers
+        self.kind = inner.kind
+        self.note = note if note is not None else _log.warning
+        self.note_s = float(note_s)
         self._queue: deque = deque()  # submitted, not yet claimed
         self._running = 0  # tasks in the inner executor
         self._waiting: dict[str, tuple[Any, Any]] = {}  # key -> (task, trial) held by another live driver
+        self._holders: dict[str, dict] = {}  # key -> claim record of its holder, for the note
         self._last_poll = time.monotonic()
+        self._last_note: float | None = None
+
+    @property
+    def workers(self) -> int:  # type: ignore[override]
+        """The inner executor's workers now."""
+        return self.inner.workers
+
+    def _note_waiting(self) -> None:
+        """Say that this driver waits for trials other drivers hold (at most every ``note_s`` s)."""
+        now = time.monotonic()
+        if self._last_note is not None and now - self._last_note < self.note_s:
+            return
+        self._last_note = now
+        by: dict[tuple, int] = {}
+        for key in self._waiting:
+            record = self._holders.get(key)
+            if record is None:
+                record = self.claims.holder(key) or {}
+                self._holders[key] = record
+            who = (str(record.get("host") or "?"), record.get("pid", "?"))
+            by[who] = by.get(who, 0) + 1
+        n = len(self._waiting)
+        holders = ", ".join(f"host {host} pid {pid} ({count})" for (host, pid), count in sorted(by.items(), key=str))
+        self.note(f"waiting for {n} trial{'s' if n != 1 else ''} held by other sweep drivers on this store: "
+                  f"{holders}; they are counted here once published")
 
     def submit(self, task: Any) -> None:
         self._queue.append(task)
@@ -388,11 +593,14 @@ class ClaimingExecutor(Executor):
         for key, (task, trial) in list(self._waiting.items()):
             if key in published:
                 target = done
-            elif self.claims.holder(key) is None:
-                target = free
             else:
-                continue
+                holder = self.claims.holder(key)
+                if holder is not None:
+                    self._holders[key] = holder
+                    continue
+                target = free
             del self._waiting[key]
+            self._holders.pop(key, None)
             target.setdefault(id(task), (task, []))[1].append(trial)
         for task, trials in free.values():
             self._queue.append(self._subset(task, trials))
@@ -419,6 +627,7 @@ class ClaimingExecutor(Executor):
                 continue
             if not self._waiting:
                 return
+            self._note_waiting()
             time.sleep(self.poll_s)
             yield from self._poll(force=True)
 

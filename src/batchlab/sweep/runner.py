@@ -36,9 +36,11 @@ The vectorization rule: a study runs its trials K at a time (``vectorize_trials`
 computation when its optimizer is vectorizable (sgd, momentum, nesterov, adam), no trial uses
 ``ema_decay`` or a differing ``label_smoothing``, and ``vectorize`` is ``"always"``, or ``"auto"``
 and the worker measures that it pays (:func:`batchlab.sweep.vectorized.vectorization_pays`: a few
-steps and one evaluation batch of both paths timed on copies, once per kind of task; on the CPU
-only where the vectorized trials are bit-identical to sequential ones, so the choice never changes
-a result). K shrinks so that every worker gets a task (except for raced studies: one task each).
+steps and one evaluation batch of both paths timed on copies, cached per kind of task; on the CPU
+only where a self-check finds the vectorized trials bit-identical to sequential ones, so the choice
+does not change a result; under ``auto`` on the CPU only fully connected models, the only ones that
+can pass the check, go to workers as vectorized tasks). K shrinks so that every worker gets a task
+(except for raced studies: one task each).
 """
 
 from __future__ import annotations
@@ -268,7 +270,13 @@ def _allocate_ids(path: str, studies: list[StudyPlan]) -> dict[tuple[str, int, i
 
 def should_vectorize(config: SweepConfig, study: StudyPlan, num_parameters: int) -> bool:
     """Whether ``study``'s trials go to workers as vectorized tasks (the rule in the module docstring;
-    under ``vectorize = "auto"`` the worker still measures whether it pays)."""
+    under ``vectorize = "auto"`` the worker still measures whether it pays).
+
+    Under ``"auto"`` a study the worker could never choose to vectorize stays one trial per task (so
+    the work splits across workers, and a lost worker re-runs one trial): on the CPU
+    (``study.device_type``) only an MLP's trials can be chosen (the exact fused path:
+    :func:`batchlab.sweep.vectorized.vectorization_pays`), so a workload whose model is not one
+    (:func:`batchlab.sweep.vectorized.mlp_workload`, built once per workload key) is not vectorized."""
     from batchlab.optim import get_optimizer
 
     if config.vectorize == "never" or study.trials < 2 or get_optimizer(study.optimizer).vectorized is None:
@@ -278,7 +286,11 @@ def should_vectorize(config: SweepConfig, study: StudyPlan, num_parameters: int)
         return False
     if len({float(p.get("label_smoothing") or 0.0) for p in points}) > 1:
         return False
-    return True  # "always"; with "auto" the worker decides by measured cost (TrialTask.choose)
+    if config.vectorize == "auto" and study.device_type == "cpu":
+        from batchlab.sweep.vectorized import mlp_workload
+
+        return mlp_workload(study.workload)  # the worker decides by measured cost (TrialTask.choose)
+    return True  # "always"; with "auto" on an accelerator the worker decides by measured cost
 
 
 def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,

@@ -16,15 +16,19 @@ How one step is computed (:class:`StackedTrials`):
   :func:`shared_order_seed`) all K trials draw the same batches, so ONE batch ``(B, ...)`` is
   gathered per step and fed to all of them.
 * **The fused path** (a multilayer perceptron: an ``nn.Sequential`` of an optional ``Flatten`` then
-  ``Linear``/``ReLU`` layers ending in a ``Linear``, the built-in ``fc_*`` workloads,
-  :func:`mlp_layers`): with a shared order the first layer of the K models is one matrix product
-  ``(B, d) x (d, K*h)`` (its weight gradient one ``(K*h, B) x (B, d)``); the other layers (and the
-  first with own orders) are batched products whose backward uses ``torch.nn.Linear``'s own
-  products (``_BatchedLinear``); one loss per trial on its own outputs; the gradients one
-  ``torch.autograd.grad`` of the losses' sum (trial k's loss depends only on trial k's parameters,
-  so each trial gets exactly its own gradient). Every trial thus runs the arithmetic it runs alone,
-  and on the CPU a trial's gradients, updates and measurements equal its sequential run's **to the
-  bit** (``StackedTrials.exact``; the tests check it).
+  ``Linear``/``ReLU`` layers ending in a ``Linear``, with exactly those layers' parameters, no
+  buffers and no hooks, the built-in ``fc_*`` workloads, :func:`mlp_layers`): with a shared order
+  the first layer of the K models is one matrix product ``(B, d) x (d, K*h)`` (its weight gradient
+  one ``(K*h, B) x (B, d)``); the other layers (and the first with own orders) are batched products
+  whose backward uses ``torch.nn.Linear``'s own products (``_BatchedLinear``); one loss per trial on
+  its own outputs; the gradients one ``torch.autograd.grad`` of the losses' sum (trial k's loss
+  depends only on trial k's parameters, so each trial gets exactly its own gradient). Every trial
+  thus runs the same operations it runs alone; whether they also round the same is up to the
+  kernels torch picks, which depend on the products' sizes: on the CPU a trial's gradients, updates
+  and measurements equal its sequential run's **to the bit** for products large enough (the
+  built-in ``fc_*`` workloads at their usual batch sizes), while for small layers (``N x in x out``
+  below about 400 on torch 2.13) the batched products take another kernel and round differently.
+  So bit-identity is not assumed but measured (:func:`vectorization_costs`' exactness self-check).
 * **Other models**: one ``torch.func.vmap`` of ``grad_and_value(functional_call(...))`` over the
   stacked parameters and the stacked batches (a shared batch unbatched, ``in_dims=None``); batched
   and unbatched products round differently, so these agree with sequential runs up to rounding.
@@ -47,12 +51,15 @@ copy of the stacked state). The update rules are the optimizer registry's vector
 (``batchlab.optim.get_optimizer(name).vectorized``: torch.optim's operations written out, because
 torch.optim cannot hold a per-trial learning rate on stacked parameters; given the learning rates
 and hyperparameters in float64, as here, they round as torch.optim does). The fused path is exact
-to the bit on the CPU (above); ``vmap`` agrees with sequential runs up to floating-point rounding,
-which the tests bound.
+to the bit on the CPU where the exactness self-check says so (above); otherwise, and always for
+``vmap``, vectorized trials agree with sequential runs up to floating-point rounding, which the
+tests bound.
 
 Whether vectorizing pays is measured, not assumed (:func:`vectorization_pays`): a few steps and one
 evaluation batch of both paths are timed on copies, and the cheaper per trial wins; on the CPU only
-where the vectorized path is exact, so that the choice never changes a result.
+an MLP whose vectorized results the self-check found equal to the sequential ones, to the bit, so
+that the choice never changes a result (``vectorize = "always"`` forces the vectorized path, exact
+or not).
 
 Supported: optimizers whose registry entry has a ``vectorized`` update
 (:func:`batchlab.optim.vectorized_optimizer_names`: sgd, momentum, nesterov, adam); any
@@ -72,7 +79,7 @@ import copy
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -89,8 +96,8 @@ from batchlab.train.sampling import BatchSampler
 from batchlab.train.trial import new_progress, new_racer, order_seed, trial_result
 
 __all__ = [
-    "NotVectorizable", "StackedTrials", "VectorizationCost", "measure_stacked", "mlp_layers", "run_trials_vectorized",
-    "shared_order_seed", "vectorization_costs", "vectorization_obstacle", "vectorization_pays",
+    "NotVectorizable", "StackedTrials", "VectorizationCost", "measure_stacked", "mlp_layers", "mlp_workload",
+    "run_trials_vectorized", "shared_order_seed", "vectorization_costs", "vectorization_obstacle", "vectorization_pays",
 ]
 
 
@@ -267,10 +274,12 @@ class StackedTrials:
     of all K on one input. What :func:`run_trials_vectorized` runs and :func:`vectorization_costs` times.
 
     ``shared``: the trials share one batch order (:func:`shared_order_seed`); ``fused``: the model is
-    an MLP computed by the fused path (:func:`mlp_layers`), else ``vmap``; ``exact``: each trial's
-    results equal its sequential run's to the bit (the fused path on the CPU). Raises
+    an MLP computed by the fused path (:func:`mlp_layers`), else ``vmap``; ``exact``: each trial runs
+    its sequential operations (the fused path on the CPU), which round alike when torch picks the same
+    kernels (measured by :func:`vectorization_costs`, not promised). Raises
     :class:`NotVectorizable` when the models cannot be stacked or the model cannot run vectorized
-    (``check``, the module docstring).
+    (``check``: one training step and one evaluation forward pass of all K on copies, the module
+    docstring).
     """
 
     def __init__(self, prepared: list, check: bool = True) -> None:
@@ -331,13 +340,23 @@ class StackedTrials:
             self.forward = torch.func.vmap(
                 lambda p, b, x: torch.func.functional_call(eval_base, (p, b), (x,)), in_dims=(0, 0, None))
         if check:
-            _check_model(self.grad_and_loss, self.params, self.buffers, self.batch_of(list(range(len(prepared))), 0),
-                         self.device)
+            first_batch = self.batch_of(list(range(len(prepared))), 0)
+            _check_model(self.grad_and_loss, self.params, self.buffers, first_batch, self.device)
+            x = first_batch[0] if self.shared else first_batch[0][0]
+            try:  # the evaluation's forward pass too (measure_stacked: one input for all K)
+                with fork_rng(self.device), torch.inference_mode():
+                    self.forward(self.params, {k: v.clone() for k, v in self.buffers.items()}, x)
+            except Exception as exc:
+                reason = " ".join(str(exc).split()) or type(exc).__name__
+                raise NotVectorizable(f"cannot vectorize these trials: their model does not evaluate under "
+                                      f"torch.func.vmap ({reason})") from exc
 
     @property
     def exact(self) -> bool:
-        """Whether each trial runs exactly its sequential arithmetic, so that its results equal its run
-        alone to the bit: the fused MLP path on the CPU (the tests check it)."""
+        """Whether each trial runs exactly its sequential operations: the fused MLP path on the CPU. Its
+        results then equal its run alone to the bit where torch picks the same CPU kernels for the
+        batched products as for ``torch.nn.Linear``'s, which depends on their sizes (not for small
+        layers): ``VectorizationCost.exact`` measures it, this property does not promise it."""
         return self.fused and self.device.type == "cpu"
 
     def batch_of(self, trials: list[int], step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -350,11 +369,14 @@ class StackedTrials:
         k, b = len(trials), self.batch_size
         return x.reshape(k, b, *x.shape[1:]), y.reshape(k, b, *y.shape[1:])
 
-    def advance(self, params: dict, buffers: dict, opt_state: dict, trials: list[int], step: int) -> list[float]:
+    def advance(self, params: dict, buffers: dict, opt_state: dict, trials: list[int], step: int,
+                gradients: list | None = None) -> list[float]:
         """One update (``step`` is 0-based) of the stacked ``trials`` (rows of ``params``...) in place;
-        their batch losses."""
+        their batch losses. ``gradients``: a list the step's stacked gradients are appended to."""
         x, y = self.batch_of(trials, step)
         grads, losses = self.grad_and_loss(params, buffers, x, y)
+        if gradients is not None:
+            gradients.append(grads)
         hyper, schedules, device = self.hyper, self.schedules, self.device
         # float64 (where the device has it): the update rounds each value where torch.optim rounds its
         # Python float (batchlab.optim.vectorized), so a trial's update is its torch optimizer's, to the bit
@@ -401,16 +423,21 @@ def measure_stacked(workload: Any, forward: Callable[[torch.Tensor], torch.Tenso
                     device: torch.device | str = "cpu", model: nn.Module | None = None) -> list[dict[str, float]]:
     """Evaluate K models together: ``forward(x)`` gives their outputs ``(K, N, ...)`` on one input batch
     ``x`` (``(N, ...)``); returns K dicts ``{"<split>/<metric>": value}``, each what
-    :func:`batchlab.train.evaluation.measure` gives for that model up to floating-point rounding.
+    :func:`batchlab.train.evaluation.measure` gives for that model, from the same batches with the
+    same per-batch sums and float64 accumulation: equal to the bit when ``forward`` gives each model's
+    outputs to the bit (the fused MLP path where torch picks the same kernels:
+    ``VectorizationCost.exact``), else up to floating-point rounding of the outputs.
 
     Per split (a :class:`batchlab.workloads.data.DataSplit` or an ``(x, y)`` pair), as
     ``Workload.evaluate`` streams it (:func:`batchlab.workloads.metrics.evaluate_split`): the
-    workload's fixed subset (``eval_examples``), consecutive batches of ``eval_batch_size`` (when the
-    workload sets none, the default rule's batch for ``model``, one of the K models' architecture:
-    the batches a sequential evaluation uses) moved to ``device``, each model's
-    ``workload.task.batch_sums`` of its outputs summed (floating sums in float64, integers as
-    integers), then ``total / count``. Runs under ``torch.inference_mode``; ``forward`` must not
-    depend on training mode (the stacked models have no dropout or batch norm).
+    workload's fixed subset (``eval_examples``, :func:`batchlab.workloads.metrics.prepared_split`),
+    consecutive batches of ``eval_batch_size`` (when the workload sets none, the default rule's batch
+    for ``model``, one of the K models' architecture: the batches a sequential evaluation uses) moved
+    to ``device``, each model's ``workload.task.batch_sums`` of its outputs summed
+    (:func:`batchlab.workloads.metrics.accumulate_sums`: floating sums in float64, integers as
+    integers), then ``total / count`` (:func:`batchlab.workloads.metrics.split_means`). Runs under
+    ``torch.inference_mode``; ``forward`` must not depend on training mode (the stacked models have
+    no dropout or batch norm).
 
     Raises:
         BatchlabError: an unknown or empty split (as ``measure``), or no ``eval_batch_size`` and no ``model``.
@@ -597,10 +624,13 @@ def run_trials_vectorized(specs: list[TrialSpec], race: Any = None) -> list[Tria
 class VectorizationCost:
     """Estimated seconds per trial of one study's trials run one at a time (``sequential``) and as one
     vectorized computation (``vectorized``): training steps plus full evaluations (the goal-only and
-    replay measurements cost the same on both paths and are left out)."""
+    replay measurements cost the same on both paths and are left out); ``exact``: the exactness
+    self-check (:func:`vectorization_costs`) found every stacked result equal to the sequential one,
+    to the bit."""
 
     sequential: float
     vectorized: float
+    exact: bool = False
 
     @property
     def ratio(self) -> float:
@@ -608,10 +638,12 @@ class VectorizationCost:
         return self.sequential / self.vectorized if self.vectorized > 0 else math.inf
 
 
-#: ``vectorization_pays`` answers, by (workload, optimizer, batch size, K, device, shared order).
+#: ``vectorization_pays`` answers, by (workload key, the model's parameter names, shapes and dtypes
+#: and module classes, optimizer, batch size, K, device, shared order).
 _PAYS: dict[tuple, bool] = {}
 
 _TIMED_SECONDS = 0.02  # each timed run lasts about this long (at least 2 steps)
+_CHECK_STEPS = 2  # training steps of the exactness self-check
 
 
 def _clock(device: torch.device) -> Callable[[], float]:
@@ -649,16 +681,145 @@ def _per_call(fn: Callable[[int], Any], clock: Callable[[], float], repeats: int
     return min(run(n) for _ in range(repeats)) / n
 
 
-def vectorization_costs(specs: list[TrialSpec]) -> VectorizationCost:
-    """Measure what ``specs`` cost per trial one at a time and vectorized (:class:`VectorizationCost`).
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values (``torch.equal``), NaN where the other has NaN counting as equal."""
+    return a.shape == b.shape and a.dtype == b.dtype and bool(((a == b) | (a.isnan() & b.isnan())).all())
 
-    Times, on copies (the specs' own prepared trials, built and trained here and thrown away; in a
-    forked RNG state, so nothing of any trial's run changes), a few training steps of one trial with
-    its torch optimizer (what :func:`batchlab.train.run_trial` runs) against the same steps of all K
-    stacked (:class:`StackedTrials`, the path :func:`run_trials_vectorized` takes: fused or ``vmap``,
-    shared or own batch orders), and one evaluation batch of one model against the K together. Per
-    trial: ``steps x step + full evaluation batches x batch``, the vectorized costs divided by K.
-    CPU time on a CPU (robust to other processes), wall time on an accelerator.
+
+def _same_number(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def _same_metrics(a: dict[str, float], b: dict[str, float]) -> bool:
+    return a.keys() == b.keys() and all(_same_number(a[name], b[name]) for name in a)
+
+
+def _stack_sizes(k: int) -> list[int]:
+    """The numbers of stacked trials the exactness self-check runs, largest first: every one from 1 to
+    ``min(K, 16)``, and ``K`` halved down to 16 (the stacked state shrinks as trials stop, and the
+    kernel torch picks for a product may depend on its size)."""
+    sizes, size = set(range(1, min(k, 16) + 1)), k
+    while size > 16:
+        sizes.add(size)
+        size //= 2
+    return sorted(sizes, reverse=True)
+
+
+def _eval_batches(stack: StackedTrials, first: Any) -> list[tuple[torch.Tensor, dict]]:
+    """One batch of every input shape a full evaluation of ``first``'s splits streams (each split's
+    first batch and its last, partial one, on that split's own data; the first of equal shapes):
+    ``(x, split)``, ``x`` the batch's inputs on the device and ``split`` ``{name: the batch as a
+    split}``."""
+    from batchlab.workloads.data import as_split
+    from batchlab.workloads.metrics import prepared_split
+
+    caps = first.workload.eval_examples or {}
+    batches: dict[tuple, tuple[torch.Tensor, dict]] = {}
+    for name, data in first.eval_splits.items():
+        part = prepared_split(as_split(data, name), name, caps.get(name))
+        size = _eval_batch_size(first.workload, stack.eval_model, part, first.device)
+        for begin in sorted({0, (len(part) - 1) // size * size}):
+            one = part.subset(torch.arange(begin, min(len(part), begin + size)))
+            x = one.batch(torch.arange(len(one)))[0].to(first.device)
+            batches.setdefault(tuple(x.shape), (x, {name: one}))
+    return list(batches.values())
+
+
+def _exactness(stack: StackedTrials, prepared: list) -> bool:
+    """The exactness self-check: whether what the stacked trials compute equals what each computes
+    alone, to the bit (``torch.equal``; NaN equal to NaN).
+
+    Runs ``_CHECK_STEPS`` training steps of every trial alone (its torch optimizer, as
+    :func:`batchlab.train.run_trial`; this trains ``prepared``'s models) and of all K stacked from the
+    initial stacked state, and one step of the first K' stacked for every other K' of
+    :func:`_stack_sizes` (the stacked state shrinks as trials stop); compares each step's losses,
+    raw gradients (before an update could round a difference away) and the parameters after it.
+    Then, when full evaluations go through :func:`measure_stacked`, for every evaluation batch shape
+    on each split's own data (:func:`_eval_batches`), each model's raw outputs alone and stacked
+    (the first K' of the trained K, for every K' >= 2 of :func:`_stack_sizes`: a single trial is
+    measured alone), and at K its metrics too (:func:`measure` against :func:`measure_stacked`)."""
+    k, steps = len(prepared), range(_CHECK_STEPS)
+    initial = stack.params, stack.buffers, stack.opt_state
+    alone: list[list[tuple]] = []  # per trial, per step: (loss, gradients, parameters after the step)
+    for i, p in enumerate(prepared):
+        named = dict(p.model.named_parameters())
+        record = []
+        for step in steps:
+            loss = p.algorithm.step(*stack.batch(stack.samplers[i].indices(step)))
+            record.append((loss, {n: None if v.grad is None else v.grad.detach().clone() for n, v in named.items()},
+                           {n: v.detach().clone() for n, v in named.items()}))
+        alone.append(record)
+
+    def train(size: int, count: int) -> tuple[dict, dict] | None:
+        """``count`` steps of the first ``size`` trials stacked; their state, or None at a difference."""
+        trials = list(range(size))
+        params, buffers, opt_state = ({n: v[:size].clone() for n, v in initial[0].items()},
+                                      {n: v[:size].clone() for n, v in initial[1].items()},
+                                      {s: {n: v[:size].clone() for n, v in d.items()} for s, d in initial[2].items()})
+        for step in range(count):
+            gradients: list = []
+            losses = stack.advance(params, buffers, opt_state, trials, step, gradients)
+            for i in trials:
+                loss, grads, after = alone[i][step]
+                if not (_same_number(losses[i], loss)
+                        and all(g is not None and _same_tensor(gradients[0][n][i], g) for n, g in grads.items())
+                        and all(_same_tensor(params[n][i], v) for n, v in after.items())):
+                    return None
+        return params, buffers
+
+    trained = train(k, len(steps))
+    if trained is None or any(train(size, 1) is None for size in _stack_sizes(k) if size < k):
+        return False
+    params, buffers = trained
+    evaluations = _eval_batches(stack, prepared[0]) if stack.evaluates_together() and prepared[0].full_steps else []
+    for e, (x, one) in enumerate(evaluations):
+        alone_outputs = []
+        for p in prepared:
+            was_training = p.model.training
+            p.model.eval()
+            try:
+                with torch.inference_mode():
+                    alone_outputs.append(p.model(x))
+            finally:
+                p.model.train(was_training)
+        for size in (s for s in _stack_sizes(k) if s >= 2):
+            with torch.inference_mode():
+                outputs = stack.forward({n: v[:size] for n, v in params.items()},
+                                        {n: v[:size] for n, v in buffers.items()}, x)
+            if not all(_same_tensor(outputs[i], alone_outputs[i]) for i in range(size)):
+                return False
+        rows = stack.measure_rows(params, buffers, one)  # the metrics from equal outputs: once, at K
+        if not all(_same_metrics(rows[i], measure(p.workload, p.model, one)) for i, p in enumerate(prepared)):
+            return False
+    return True
+
+
+def vectorization_costs(specs: list[TrialSpec], check_exact: bool | str = True) -> VectorizationCost:
+    """Measure what ``specs`` cost per trial one at a time and vectorized, and whether the vectorized
+    results are exact (:class:`VectorizationCost`).
+
+    On copies (the specs' own prepared trials, built and trained here and thrown away; in a forked
+    RNG state, so nothing of any trial's run changes):
+
+    * **exactness** (:func:`_exactness`; ``check_exact``: ``True``, always; ``False``, never, and
+      ``exact`` is ``False``; ``"if cheaper"``, only when the vectorized path is measured cheaper,
+      what :func:`vectorization_pays` asks on the CPU, as the check costs about ``K / 2`` times the
+      stacked steps it runs): a few training steps of every trial alone and of the trials stacked
+      (for every number of stacked trials the run can reach as trials stop, up to a bound:
+      :func:`_stack_sizes`), comparing their losses, raw gradients and parameters, and the raw
+      outputs and metrics of every evaluation batch shape a full evaluation uses (each split's first
+      and last batch, on its own data), with ``torch.equal`` (NaN equal to NaN): ``exact`` is all of
+      them equal. A measurement, not an assumption: torch picks its CPU kernels by the products'
+      sizes, and for small ones (``N x in x out`` below about 400 on torch 2.13) the batched products
+      round differently from ``torch.nn.Linear``'s. As kernels are chosen by shape, a difference
+      shows on these shapes; equality on a few steps and batches is strong evidence, not a proof
+      (the check's limit);
+    * **cost**: a few training steps of one trial with its torch optimizer (what
+      :func:`batchlab.train.run_trial` runs) against the same steps of all K stacked
+      (:class:`StackedTrials`, the path :func:`run_trials_vectorized` takes: fused or ``vmap``, shared
+      or own batch orders), and one evaluation batch of one model against the K together. Per trial:
+      ``steps x step + full evaluation batches x batch``, the vectorized costs divided by K. CPU time
+      on a CPU (robust to other processes), wall time on an accelerator.
 
     Raises:
         NotVectorizable: as :func:`run_trials_vectorized` (nothing trained).
@@ -691,48 +852,95 @@ def vectorization_costs(specs: list[TrialSpec]) -> VectorizationCost:
                 one = {name: part.subset(torch.arange(min(len(part), size)))}
                 sequential_eval = _per_call(lambda i: measure(first.workload, first.model, one), clock)
                 vectorized_eval = _per_call(lambda i: stack.measure_rows(params, buffers, one), clock)
-    steps = first.steps
-    return VectorizationCost(sequential=steps * sequential_step + batches * sequential_eval,
-                             vectorized=(steps * vectorized_step + batches * vectorized_eval) / k)
+            steps = first.steps
+            cost = VectorizationCost(sequential=steps * sequential_step + batches * sequential_eval,
+                                     vectorized=(steps * vectorized_step + batches * vectorized_eval) / k)
+            if check_exact is True or (check_exact == "if cheaper" and cost.vectorized < cost.sequential):
+                fresh = [prepare_trial(spec) for spec in specs]  # the timing trained the copies above
+                cost = replace(cost, exact=_exactness(StackedTrials(fresh, check=False), fresh))
+    return cost
+
+
+def _model_signature(model: nn.Module) -> tuple:
+    """What of a built model keys the cached answers: its parameters' names, shapes and dtypes and its
+    modules' classes (an edited workload that keeps its name gets a new key when its model changes)."""
+    return (tuple((name, tuple(p.shape), str(p.dtype)) for name, p in model.named_parameters()),
+            tuple(f"{type(m).__module__}.{type(m).__qualname__}" for m in model.modules()))
 
 
 def vectorization_pays(specs: list[TrialSpec]) -> bool:
     """Whether running ``specs`` (the K trials of one task) as one vectorized computation costs less per
     trial than running them one at a time, by measurement (:func:`vectorization_costs`), not by a
     fixed threshold. ``False`` when they cannot be vectorized (fewer than 2 trials, an obstacle, a
-    model that does not run vectorized, an invalid spec: the sequential path reports it).
+    model that does not run vectorized, an invalid spec, any exception a user's model raises while
+    built or measured here: the sequential path runs them and reports it).
 
-    Changes no trial's results: it only chooses the path. On the CPU it measures only where the
-    vectorized path is exact (the fused MLP path: :attr:`StackedTrials.exact`, each trial's results
-    equal its sequential run's to the bit); elsewhere on the CPU (``vmap``, which agrees only up to
-    rounding) it answers ``False`` without measuring, so that a trial's results stay a pure function
-    of its spec and never depend on timing (``vectorize = "always"`` still forces the vectorized
-    path). On an accelerator, whose results are reproducible only up to rounding anyway, it measures.
+    Changes no trial's results: it only chooses the path. On the CPU it answers ``True`` only when the
+    vectorized path is measured cheaper AND exact (``VectorizationCost.exact``: the exactness
+    self-check, run once it is cheaper, found the stacked results equal to the sequential ones, to
+    the bit), so that a trial's results stay a pure function of its spec and never depend on timing;
+    a model that is not an MLP (:func:`mlp_layers`; ``vmap``, which agrees only up to rounding) gets
+    ``False`` without measuring.
+    ``vectorize = "always"`` still forces the vectorized path (the worker does not ask). On an
+    accelerator, whose results are reproducible only up to rounding anyway, the cost alone decides.
 
-    Cached per (workload, optimizer, batch size, K, device, shared batch order or not) in this process,
-    so a worker measures each kind of task once.
+    Cached in this process per (workload key :func:`batchlab.workloads.workload_key`, the built
+    model's parameter names, shapes and dtypes and module classes, optimizer, batch size, K, device,
+    shared batch order or not), so a worker measures each kind of task once, and measures again when
+    a workload it already saw changes its model under the same name.
     """
-    if len(specs) < 2 or vectorization_obstacle(specs) is not None:
-        return False
     from batchlab.train.device import resolve_device
-    from batchlab.workloads import resolve_workload
+    from batchlab.workloads import resolve_workload, workload_key
 
+    if len(specs) < 2:
+        return False
     first = specs[0]
     try:
+        if vectorization_obstacle(specs) is not None:
+            return False
         workload, device = resolve_workload(first.workload), resolve_device(first.device)
-    except BatchlabError:
+        model = workload.build_model(seed=0)
+        key = (workload_key(workload), _model_signature(model), first.optimizer, int(first.batch_size), len(specs),
+               str(device), shared_order_seed(specs) is not None)
+        mlp = mlp_layers(model) is not None
+    except Exception:  # an unknown workload, a model that fails to build: the sequential path reports it
         return False
-    key = (workload.name, first.optimizer, int(first.batch_size), len(specs), str(device),
-           shared_order_seed(specs) is not None)
     if key not in _PAYS:
         try:
-            if device.type == "cpu" and mlp_layers(workload.build_model(seed=0)) is None:
+            if device.type == "cpu" and not mlp:
                 raise NotVectorizable("the vmap path is not exact, so timing does not choose it (docstring)")
-            cost = vectorization_costs(specs)
+            cost = vectorization_costs(specs, check_exact="if cheaper" if device.type == "cpu" else False)
         except NotVectorizable:
             _PAYS[key] = False
-        except BatchlabError:
+        except Exception:  # an invalid spec, or a user's model failing: the sequential path reports it
             return False
         else:
-            _PAYS[key] = cost.vectorized < cost.sequential
+            _PAYS[key] = cost.vectorized < cost.sequential and (cost.exact or device.type != "cpu")
     return _PAYS[key]
+
+
+def mlp_workload(workload: Any) -> bool:
+    """Whether ``workload`` (a :class:`batchlab.workloads.Workload`, a name or a reference) builds an
+    MLP the fused path computes (:func:`mlp_layers` of ``build_model(seed=0)``); ``False`` when it
+    cannot be resolved or built. Cached per workload key (:func:`batchlab.workloads.workload_key`)
+    while the key resolves to the same workload object, so an edited workload re-registered under its
+    name is built again."""
+    from batchlab.workloads import resolve_workload, workload_key
+
+    try:
+        resolved = resolve_workload(workload)
+        key = workload_key(resolved)
+    except Exception:
+        return False
+    known = _MLP_WORKLOADS.get(key)
+    if known is None or known[0] is not resolved:
+        try:
+            answer = mlp_layers(resolved.build_model(seed=0)) is not None
+        except Exception:
+            answer = False
+        known = _MLP_WORKLOADS[key] = (resolved, answer)
+    return known[1]
+
+
+#: ``mlp_workload`` answers: workload key -> (the workload it resolved to, whether it builds an MLP).
+_MLP_WORKLOADS: dict[str, tuple[Any, bool]] = {}

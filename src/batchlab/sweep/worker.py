@@ -91,8 +91,8 @@ def run_task(task: TrialTask) -> list[TrialOutcome]:
         from batchlab.sweep.vectorized import NotVectorizable, run_trials_vectorized, vectorization_pays
 
         size = task.group_size or len(specs)
-        # vectorize = "auto": measured once per (workload, optimizer, B, K, device, shared order) in this
-        # worker and applied to every group of the task; it never changes a result
+        # vectorize = "auto": measured (cost, and on the CPU a bit-identity self-check) once per kind of task
+        # in this worker (vectorization_pays' cache) and applied to every group of the task
         if not task.choose or vectorization_pays(specs[:size]):
             try:
                 for start in range(0, len(specs), size):
