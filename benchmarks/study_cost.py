@@ -104,6 +104,15 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown modes {unknown}; allowed: {', '.join(MODES)}")
 
+    # The workers run a snapshot of src/ taken now (spawned processes inherit sys.path), so editing
+    # the working tree during this hour-long run cannot mix two versions of the code in one process.
+    import shutil
+    import sys
+
+    snapshot = tempfile.mkdtemp(prefix="study_cost_src_")
+    shutil.copytree(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "src", "batchlab"),
+                    os.path.join(snapshot, "batchlab"))
+    sys.path.insert(0, snapshot)
     # The claim's two modes first (full, fast), then race; longest studies first within each.
     order = {"full": 0, "fast": 1, "race": 2}
     jobs = sorted(((m, b) for m in modes for b in batch_sizes), key=lambda mb: (order[mb[0]], -mb[1]))

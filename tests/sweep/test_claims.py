@@ -201,18 +201,21 @@ def test_an_interrupted_claim_or_release_leaves_no_forgotten_claim_file(tmp_path
 
     path = tmp_path / "store"
     claims = TrialClaims(Store.open(path, create=True))
-    real_link = os.link
+    class LinkThenInterrupt:  # the module's os, interrupted (Ctrl-C) right after a claim file appeared
+        def __getattr__(self, name):
+            return getattr(os, name)
 
-    def link_then_interrupt(src, dst):  # Ctrl-C right after the claim file appeared
-        real_link(src, dst)
-        raise KeyboardInterrupt
+        @staticmethod
+        def link(src, dst):
+            os.link(src, dst)
+            raise KeyboardInterrupt
 
-    monkeypatch.setattr(claims_module.os, "link", link_then_interrupt)
+    monkeypatch.setattr(claims_module, "os", LinkThenInterrupt())
     try:
         claims.claim("a")
     except KeyboardInterrupt:
         pass
-    monkeypatch.setattr(claims_module.os, "link", real_link)
+    monkeypatch.setattr(claims_module, "os", os)
     assert (path / CLAIMS_DIR / claim_name("a")).exists() and "a" in claims.held
 
     class InterruptedDiscard(set):  # Ctrl-C between removing the file and forgetting the key
@@ -298,22 +301,27 @@ def test_store_claim_liveness_needs_no_write_access(tmp_path, monkeypatch):
     path = tmp_path / "store"
     store = Store.open(path, create=True)
     claim = store.claim_id
-    real_open = os.open
+    class ReadOnly:  # the module's os, whose open refuses to open for writing
+        def __getattr__(self, name):
+            return getattr(os, name)
 
-    def read_only(file, flags, *args):
-        if flags & (os.O_RDWR | os.O_WRONLY):
-            raise PermissionError(13, "Permission denied", str(file))
-        return real_open(file, flags, *args)
+        @staticmethod
+        def open(file, flags, *args):
+            if flags & (os.O_RDWR | os.O_WRONLY):
+                raise PermissionError(13, "Permission denied", str(file))
+            return os.open(file, flags, *args)
 
-    monkeypatch.setattr(maintenance.os, "open", read_only)
+    monkeypatch.setattr(maintenance, "os", ReadOnly())
     assert maintenance._claim_alive(path / PENDING_DIR, claim)
     os.close(store._claim_fd)  # the writer is gone
     assert not maintenance._claim_alive(path / PENDING_DIR, claim)
 
-    def unreadable(file, flags, *args):
-        raise PermissionError(13, "Permission denied", str(file))
+    class Unreadable(ReadOnly):
+        @staticmethod
+        def open(file, flags, *args):
+            raise PermissionError(13, "Permission denied", str(file))
 
-    monkeypatch.setattr(maintenance.os, "open", unreadable)
+    monkeypatch.setattr(maintenance, "os", Unreadable())
     assert maintenance._claim_alive(path / PENDING_DIR, claim)  # cannot tell: alive, no traceback
 
 
@@ -324,17 +332,19 @@ def test_a_waiting_driver_says_whom_it_waits_for(tmp_path):
     claims = TrialClaims(Store.open(path))
     notes: list[str] = []
     published: set[str] = set()
-    executor = ClaimingExecutor(InlineExecutor(lambda task: [t.key for t in task.trials]), claims,
-                                lambda: set(published), poll_s=0.01, note=notes.append, note_s=3600)
-    executor.submit(_Task((_Trial("a"), _Trial("b"))))
-    seen = []
-    for outcome in executor.outcomes():
-        seen.append(outcome)
-        if notes and not published:  # said once; now the other driver publishes "b"
+    polls = []
+
+    def look() -> set[str]:
+        polls.append(1)
+        if len(polls) == 5:  # the other driver publishes "b" after this driver waited a while
             published.add("b")
             other.release(["b"])
-        if len(seen) > 5:
-            break
+        return set(published)
+
+    executor = ClaimingExecutor(InlineExecutor(lambda task: [t.key for t in task.trials]), claims,
+                                look, poll_s=0.01, note=notes.append, note_s=3600)
+    executor.submit(_Task((_Trial("a"), _Trial("b"))))
+    seen = list(executor.outcomes())
     executor.close()
     other.close()
     assert len(notes) == 1, notes  # at most one note per note_s
