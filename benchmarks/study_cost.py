@@ -22,7 +22,10 @@ its bracket ``steps_lower``, the best trial's id and parameters, and the one-sid
 then prints the CPU-time ratio ``full / fast`` (goal: at least 5x) and each part's share of the
 saving: racing (``full - race``) and vectorization with batched evaluation (``race - fast``).
 
-Run (about an hour of CPU at the defaults; ``--quick`` is a 5-minute check on a subset)::
+Measured on a loaded 2-core machine: full 1,623 CPU s, race 874 s, fast 355 s (4.57x; racing 59% of
+the saving, vectorization and batched evaluation 41%), identical answers; 1,962 s wall on 2 workers.
+
+Run (about 50 minutes of CPU at the defaults; ``--quick`` is a 5-minute check on a subset)::
 
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/study_cost.py [--workers 2] [--quick]
 """

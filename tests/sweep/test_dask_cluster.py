@@ -186,7 +186,7 @@ def test_sweep_on_a_real_cluster_survives_a_killed_worker(tmp_path):
         assert len(trials) == TRIALS == len({e["trial_key"] for e in trials})  # each trial published once
         done = events[-1]
         assert done["event"] == "done" and done["trials_run"] == TRIALS and done["executor"] == "dask"
-        assert done["workers"] == 2
+        assert done["workers"] in (1, 2)  # the workers the scheduler counts at the end: the killed one may be gone
 
         assert _duplicates(store) == ([], [])  # nothing twice ...
         assert _contents(store) == expected  # ... nothing lost, the same measurements bit for bit
