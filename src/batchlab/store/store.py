@@ -157,12 +157,7 @@ class Store:
         try:
             for sub in STORE_DIRS:
                 (root / sub).mkdir(parents=True, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                os.write(fd, content)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _write_new_file(tmp, content)
             try:
                 os.link(tmp, marker)  # atomic, and fails if the marker exists: one creator wins
             except FileExistsError:
@@ -172,14 +167,9 @@ class Store:
                     raise
                 # no hard links on this file system: create the marker exclusively instead
                 try:
-                    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                    _write_new_file(marker, content)
                 except FileExistsError:
                     return cls.open(root)
-                try:
-                    os.write(fd, content)
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
             try:
                 fsync_directory(root)
             except OSError:
@@ -668,3 +658,13 @@ def _remove_new_store(store: Store, *, keep_directory: bool) -> bool:
     except OSError:
         return False
     return True
+
+
+def _write_new_file(path: Path, content: bytes) -> None:
+    """Create ``path`` exclusively (FileExistsError if it exists) holding ``content``, synced to disk."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, content)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
