@@ -295,6 +295,7 @@ def test_a_finished_sweep_writes_no_claims_and_errors_are_one_line(tmp_path, mon
 
 def test_store_claim_liveness_needs_no_write_access(tmp_path, monkeypatch):
     # Another user's claim file (0644) cannot be opened for writing: the test opens it read-only.
+    import batchlab.store.files as files  # where the lock test opens files
     import batchlab.store.maintenance as maintenance
     from batchlab.store.schema import PENDING_DIR
 
@@ -311,7 +312,7 @@ def test_store_claim_liveness_needs_no_write_access(tmp_path, monkeypatch):
                 raise PermissionError(13, "Permission denied", str(file))
             return os.open(file, flags, *args)
 
-    monkeypatch.setattr(maintenance, "os", ReadOnly())
+    monkeypatch.setattr(files, "os", ReadOnly())
     assert maintenance._claim_alive(path / PENDING_DIR, claim)
     os.close(store._claim_fd)  # the writer is gone
     assert not maintenance._claim_alive(path / PENDING_DIR, claim)
@@ -321,7 +322,7 @@ def test_store_claim_liveness_needs_no_write_access(tmp_path, monkeypatch):
         def open(file, flags, *args):
             raise PermissionError(13, "Permission denied", str(file))
 
-    monkeypatch.setattr(maintenance, "os", Unreadable())
+    monkeypatch.setattr(files, "os", Unreadable())
     assert maintenance._claim_alive(path / PENDING_DIR, claim)  # cannot tell: alive, no traceback
 
 

@@ -9,6 +9,7 @@ dies, so a killed writer never leaves the store locked).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 from collections.abc import Iterator
@@ -61,3 +62,31 @@ def exclusive_lock(lock_path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
+
+
+def lock_held(path: str | os.PathLike, exclusive: bool) -> bool:
+    """Whether another process holds a ``flock`` on ``path``, tested without blocking and without
+    writing: a missing file is not held; a file that cannot be opened (another user's) or a lock
+    that cannot be tested counts as held (never take a live process's files).
+
+    ``exclusive``: test with an exclusive lock (conflicts with the holder's shared or exclusive
+    lock); else a shared one (conflicts only with an exclusive lock). The file is opened read-only;
+    where ``flock`` is emulated with POSIX locks (NFS) an exclusive test needs a writable descriptor,
+    so on EBADF it is retried on one."""
+    flags = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
+    for mode in (os.O_RDONLY, os.O_RDWR):
+        try:
+            fd = os.open(path, mode)
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True
+        try:
+            fcntl.flock(fd, flags)
+            return False
+        except OSError as exc:
+            if not (exclusive and mode == os.O_RDONLY and exc.errno == errno.EBADF):
+                return True  # held (EAGAIN, EACCES), or cannot tell
+        finally:
+            os.close(fd)
+    return True

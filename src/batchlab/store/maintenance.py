@@ -19,10 +19,7 @@ them with the same options.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
-import os
 import tempfile
 import time
 from collections import Counter
@@ -38,6 +35,7 @@ from batchlab.store.files import (
     TMP_PREFIX,
     exclusive_lock,
     fsync_directory,
+    lock_held,
 )
 from batchlab.store.log import CommitPlan, StoreState, commit, read_state
 from batchlab.store.schema import (
@@ -250,43 +248,14 @@ def _claim_alive(pending: Path, claim_id: str) -> bool:
     lock (:attr:`batchlab.store.Store.claim_id`); where ``flock`` is emulated with POSIX locks (NFS),
     an exclusive lock needs a writable descriptor, so it is retried on one (a file that cannot be
     opened for writing then counts as alive)."""
-    path = pending / f"{claim_id}.claim"
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return False
-        except OSError as exc:
-            if exc.errno in (errno.EAGAIN, errno.EACCES):
-                return True
-            if exc.errno != errno.EBADF:
-                return True  # cannot tell: never take a live writer's files
-    finally:
-        os.close(fd)
-    try:  # EBADF: POSIX-emulated flock wants a writable descriptor for an exclusive lock
-        fd = os.open(path, os.O_RDWR)
-    except FileNotFoundError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True  # locked (EAGAIN), or cannot tell: alive
-    finally:
-        os.close(fd)
-    return False
+    return lock_held(pending / f"{claim_id}.claim", exclusive=True)
 
 
 def collect_garbage(store: Store, grace_seconds: float) -> tuple[int, int]:
     """Delete unreferenced data files whose writer is gone (and, for files a compaction replaced,
     retired more than ``grace_seconds`` ago), dead claims (the store's, and sweep drivers' trial
-    claims), and log entries older than the latest checkpoint by more than ``grace_seconds``. Returns (files deleted, log entries deleted)."""
+    claims), and log entries older than the latest checkpoint by more than ``grace_seconds``.
+    Returns (files deleted, log entries deleted)."""
     root = store.root
     now = time.time()
     log_dir = root / LOG_DIR

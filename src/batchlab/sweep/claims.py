@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from batchlab.errors import BatchlabError
+from batchlab.store.files import lock_held
 from batchlab.store.schema import PENDING_DIR
 from batchlab.sweep.executors import Executor, Outcome
 
@@ -116,21 +117,7 @@ def driver_lock_alive(directory: Path, owner: str) -> bool:
     exclusive lock, and works where ``flock`` is emulated with POSIX locks); a file that cannot be
     opened (another user's, unreadable) or tested counts as alive, a missing one as dead."""
     path = _lock_path(directory, owner)
-    if path is None:
-        return False
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return True  # EWOULDBLOCK: held; anything else: cannot tell, never take a live driver's trials
-    finally:
-        os.close(fd)
-    return False
+    return path is not None and lock_held(path, exclusive=False)
 
 
 def _remove_dead_lock(directory: Path, owner: str) -> None:
