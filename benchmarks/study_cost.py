@@ -24,6 +24,8 @@ saving: racing (``full - race``) and vectorization with batched evaluation (``ra
 
 Measured on a loaded 2-core machine: full 1,623 CPU s, race 874 s, fast 355 s (4.57x; racing 59% of
 the saving, vectorization and batched evaluation 41%), identical answers; 1,962 s wall on 2 workers.
+Half of the fast mode is the study at B = 4096, 87% of which (cProfile) is the training matrix
+products of the trials that run until two of them reach the goal (docs/methods.md, "Racing").
 
 Run (about 50 minutes of CPU at the defaults; ``--quick`` is a 5-minute check on a subset)::
 
