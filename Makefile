@@ -9,7 +9,10 @@ export OMP_WAIT_POLICY := PASSIVE
 export OMP_NUM_THREADS ?= 1
 export MPLBACKEND := Agg
 
-.PHONY: install demo test bench clean
+.PHONY: install browser demo test bench clean
+
+DEMO := demo
+DEMO_SWEEP := src/batchlab/sweep/examples/demo_mnist_fc64.toml
 
 install: $(STAMP)
 
@@ -21,14 +24,30 @@ $(STAMP): pyproject.toml constraints.txt requirements-nodeps.txt
 	$(PIP) install -q --no-deps -c constraints.txt -r requirements-nodeps.txt
 	touch $(STAMP)
 
-demo: install
-	$(VENV)/bin/batchlab nqm figures
+# The browser of tests/report/test_browser.py: Debian's chromium from apt (never one downloaded at run time).
+# Where it cannot be installed (not root, no apt) this prints one line and the browser test is skipped.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO="sudo -n"; \
+	  { $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium \
+	    || { $$SUDO apt-get update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }; \
+	  } >/dev/null 2>&1; \
+	  if command -v chromium >/dev/null 2>&1; then echo "browser: installed $$(chromium --version 2>/dev/null)"; \
+	  else echo "browser: could not install chromium (apt-get install chromium needs root and apt): tests/report/test_browser.py will be skipped"; fi; }
 
-test: install
+# The NQM figures, a small real sweep (resumed when re-run) and its report, all under $(DEMO)/.
+demo: install
+	mkdir -p $(DEMO)
+	$(VENV)/bin/batchlab nqm figures --out $(DEMO)/nqm
+	$(VENV)/bin/batchlab sweep --config $(DEMO_SWEEP) --store $(DEMO)/store > $(DEMO)/sweep.txt
+	@tail -n 1 $(DEMO)/sweep.txt; echo "sweep table: $(DEMO)/sweep.txt"
+	$(VENV)/bin/batchlab report --store $(DEMO)/store --out $(DEMO)/report.html --nqm
+
+test: install browser
 	$(PY) -m pytest -q -n 2 tests
 
 bench: install
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) figures
+	rm -rf $(VENV) figures $(DEMO)

@@ -208,3 +208,36 @@ def test_label_smoothing_on_the_regression_example_is_refused_before_training(ch
     with pytest.raises(BatchlabError, match="^label_smoothing applies to classification tasks only; this workload's task is 'regression'"):
         run_trial(TrialSpec(workload=REGRESSION, optimizer="sgd", batch_size=64, steps=5,
                             hyperparameters={"learning_rate": 0.05, "label_smoothing": 0.1}))
+
+
+SWEEP_EXAMPLES = sorted((ROOT / "src" / "batchlab" / "sweep" / "examples").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", SWEEP_EXAMPLES, ids=[p.stem for p in SWEEP_EXAMPLES])
+def test_every_example_sweep_config_loads_and_plans_without_writing(tmp_path, path):
+    from batchlab.sweep import prepare_sweep
+    from batchlab.sweep.config import load_sweep_config
+
+    store = tmp_path / "store"
+    plan = prepare_sweep(load_sweep_config(path, {"store": str(store)}))
+    assert plan.studies and len(plan.studies) == len(plan.config.workloads) * len(plan.config.optimizers) * len(plan.config.batch_sizes)
+    assert not store.exists()
+
+
+def test_the_demo_sweep_races_sgd_and_momentum_to_the_workloads_goal_and_make_demo_reports_it():
+    from batchlab.sweep.config import load_sweep_config
+    from batchlab.workloads import resolve_workload
+
+    config = load_sweep_config(ROOT / "src" / "batchlab" / "sweep" / "examples" / "demo_mnist_fc64.toml")
+    assert config.workloads == ["mnist/fc_64_64_64"] and config.optimizers == ["sgd", "momentum"]
+    assert len(config.batch_sizes) >= 6 and set(config.budgets) == set(config.batch_sizes)
+    # racing is exact only with stop at goal; the goal is the workload's own (val/classification_error < 0.03)
+    assert config.race and config.stop_at_goal and config.goal is None and resolve_workload("mnist/fc_64_64_64").goal == 0.03
+    assert config.batch_order == "shared" and config.vectorize == "auto" and not config.grow_budget
+    makefile = (ROOT / "Makefile").read_text()
+    demo = makefile.split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+    assert "--config $(DEMO_SWEEP)" in demo and "DEMO_SWEEP := src/batchlab/sweep/examples/demo_mnist_fc64.toml" in makefile
+    assert "batchlab report --store $(DEMO)/store --out $(DEMO)/report.html --nqm" in demo
+    assert "/demo/" in (ROOT / ".gitignore").read_text().split()
+    quickstart = (ROOT / "README.md").read_text().split("## Quickstart", 1)[1].split("```", 2)[1]
+    assert quickstart.split() == ["make", "demo", "make", "test"]

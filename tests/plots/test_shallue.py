@@ -161,9 +161,13 @@ def test_steps_figure_draws_interval_error_bars():
     fig = steps_to_result_figure([CURVE], intervals=[bounds], interval_label="90% interval of the median")
     (intervals,) = containers(fig.axes[0], "_interval")
     segments = [seg[:, 1].tolist() for seg in intervals[2][0].get_segments()]
-    # open-ended above: skipped; (None, high) is one-sided, from the point up to high
+    # (None, high) is one-sided, from the point up to high; open-ended above: a dotted stem instead
     assert segments == [[7000, 9000], [4100, 4100], [1300, 1500], [800, 1000]]
-    assert "90% interval of the median" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    (stem,) = [a for a in by_gid(fig.axes[0], "interval_unbounded") if hasattr(a, "get_segments")]
+    assert [seg[0].tolist() for seg in stem.get_segments()] == [[8, 2200]]
+    texts = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "90% interval of the median (a bar starting at its point is one-sided: an upper bound only)" in texts
+    assert "interval unbounded above (too few trials reached the goal)" in texts
     with pytest.raises(BatchlabError, match="2 intervals for 6 batch sizes"):
         steps_to_result_figure([CURVE], intervals=[bounds[:2]])
 
@@ -220,7 +224,7 @@ def test_metaparameters_figure_marks_search_edge_limited_points(con):
 def test_lr_momentum_scatter_marks_outcomes(con):
     outcomes = trial_outcomes(con, Selection(W, M, 0.01))
     fig = lr_momentum_scatter_figure(outcomes, batch_sizes=[2, 32])
-    visible = [ax for ax in fig.axes if ax.get_visible()]
+    visible = [ax for ax in fig.axes if ax.get_visible() and ax.get_gid() != "contour_colorbar"]
     assert [ax.get_title() for ax in visible] == ["batch size 2", "batch size 32"]
     counts = {c.get_label(): len(c.get_offsets()) for c in visible[0].collections if c.get_label() in
               ("goal reached", "goal not reached", "diverged", "best trial")}
@@ -242,7 +246,7 @@ def test_lr_momentum_scatter_draws_searched_ranges_and_edge_rings(con):
     edges = [{"batch_size": 2, "parameter": "learning_rate", "edge": "low"},
              {"batch_size": 32, "parameter": "end_learning_rate_factor", "edge": "high"}]  # not in this plane
     fig = lr_momentum_scatter_figure(outcomes, batch_sizes=[2, 32], search_ranges=ranges, search_edges=edges)
-    first, second = [ax for ax in fig.axes if ax.get_visible()]
+    first, second = [ax for ax in fig.axes if ax.get_visible() and ax.get_gid() != "contour_colorbar"]
     (box,) = by_gid(first, "searched_range")
     np.testing.assert_allclose(box.get_xdata(), [1e-3, 10, 10, 1e-3, 1e-3])
     np.testing.assert_allclose(box.get_ydata(), [1e-3, 1e-3, 0.5, 0.5, 1e-3])  # 1 - momentum

@@ -40,12 +40,14 @@ LAZY_COMMANDS = {
     "train": "batchlab.cli.train",
     "study": "batchlab.cli.train",
     "sweep": "batchlab.cli.sweep",
+    "report": "batchlab.cli.report",
     "nqm": "batchlab.cli.nqm",
     "store": "batchlab.cli.store",
     "import": "batchlab.cli.store",
     "export": "batchlab.cli.store",
     "analyze": "batchlab.cli.analyze",
     "plot": "batchlab.cli.plot",
+    "probe": "batchlab.cli.probe",
 }
 
 #: The app settings that shape how typer builds commands; the main app and the apps the command

@@ -37,15 +37,22 @@ def _tuned(algorithm: str, p: float, batch_sizes, target: float, grid: str = "of
     }
 
 
+CURVE_DIMENSION = 5000
+
+
 def _training_curves() -> dict:
-    """Training curves of SGD on the unbinned D = 5000, B = 1 problem the notebook uses."""
-    problem = power_law(1.0, 1.0, 5000, name="zhang2019 D=5000")
+    """Training curves of SGD at B = 1 on the problem the notebook uses for them: the unbinned power law
+    h_i = 1/i with D = 5000 directions (neither preset: ``zhang2019`` has D = 10^4). ``problem`` names
+    it and ``dimension`` gives D, for the figure's title."""
+    problem = power_law(1.0, 1.0, CURVE_DIMENSION, name=f"power law h_i = 1/i, D={CURVE_DIMENSION}")
     steps = np.unique(np.round(np.geomspace(1, 1e5, 120)).astype(np.int64))
     steps = np.concatenate([[0], steps])
     rec = moment_recurrence(problem, Algorithm("sgd"), np.asarray(CURVE_LEARNING_RATES))
     losses = losses_at_steps(rec, 1.0, steps)
     return {
         "batch_size": 1,
+        "problem": problem.name,
+        "dimension": problem.dimension,
         "steps": steps.tolist(),
         "curves": [{"learning_rate": lr, "loss": row.tolist()} for lr, row in zip(CURVE_LEARNING_RATES, losses)],
     }
@@ -125,6 +132,7 @@ def _assemble(results: dict) -> dict:
         results[f"sgd_p{p}"] = _subset(source, COMPARE_BATCH_SIZES)
     problem = zhang2019_binned()
     results["lower_bound"] = {
+        "problem": problem.name,
         "dimension": problem.dimension,
         "target": TARGET,
         "batch_sizes": list(COMPARE_BATCH_SIZES),

@@ -2,6 +2,12 @@
 
 :func:`write_nqm_figures` draws the data of :func:`batchlab.nqm.figures.figure_data` into PNG files and
 returns ``{figure name: path}`` plus the critical-batch-size summaries. Files are written atomically.
+
+Every panel of the fits grid (``critical_batch_size_fits``) has its own axis labels and a legend with
+its own numbers (B_crit of the fit, the data-read regime boundaries, or that the data do not show one),
+placed in a band above the data; every log axis has at least three labelled ticks
+(:func:`batchlab.plots.shallue.readable_log_ticks`); the training-curves title names the problem the
+curves were computed on (:func:`training_curves_title`).
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ FIGURES = (
     "fixed_vs_pwc10",
     "critical_batch_size_fits",
 )
+
+
+PRECONDITION_NOTE = "p: preconditioning power\n(update H^-p g; p=0: none)"
 
 
 def figure_directory(out_dir: str | Path) -> Path:
@@ -64,6 +73,18 @@ def _xy(entry: dict, key: str = "steps"):
     return np.array([b for b, _ in pts], float), np.array([v for _, v in pts], float)
 
 
+def training_curves_title(entry: dict) -> str:
+    """The training-curves figure's title, from the problem the curves were computed on (its name and
+    dimension D, as :func:`batchlab.nqm.figures.figure_data` records them) and the batch size."""
+    where = entry.get("problem")
+    dimension = entry.get("dimension")
+    if where and dimension and f"D={dimension}" not in str(where).replace(" ", ""):
+        where = f"{where}, D={dimension}"
+    elif not where and dimension:
+        where = f"D={dimension}"
+    return f"SGD training curves, B={entry['batch_size']}" + (f" ({where})" if where else "")
+
+
 def steps_curves(data: dict) -> list[StepsCurve]:
     """Every tuned steps-vs-batch-size curve of the figure set (first-passage steps), labelled."""
     curves = []
@@ -95,6 +116,8 @@ def write_nqm_figures(data: dict, out_dir: str | Path, only=None) -> dict[str, P
 
     from matplotlib.ticker import FuncFormatter, LogLocator
 
+    from batchlab.plots.shallue import readable_log_ticks
+
     def short(value, _pos):
         exponent = np.log10(value) if value > 0 else 0.0
         if value >= 1e4 and abs(exponent - round(exponent)) < 1e-9:
@@ -122,10 +145,11 @@ def write_nqm_figures(data: dict, out_dir: str | Path, only=None) -> dict[str, P
         ax.set_ylabel(ylabel)
         return fig, ax
 
-    def finish(fig, ax, name, log=True):
+    def finish(fig, ax, name, log=True, legend_title=None):
         if log:
             logscale(ax)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, title=legend_title, title_fontsize=7)
+        readable_log_ticks(ax)
         paths[name] = _save(fig, out / f"nqm_{name}.png")
         plt.close(fig)
 
@@ -134,7 +158,7 @@ def write_nqm_figures(data: dict, out_dir: str | Path, only=None) -> dict[str, P
 
     if "training_curves" in wanted:
         tc = data["training_curves"]
-        fig, ax = new(f"SGD training curves (D=5000, B={tc['batch_size']})", "step", "expected loss")
+        fig, ax = new(training_curves_title(tc), "step", "expected loss")
         steps = np.maximum(np.asarray(tc["steps"], float), 0.8)
         for curve in tc["curves"]:
             ax.plot(steps, curve["loss"], label=f"lr={curve['learning_rate']:g}")
@@ -154,7 +178,7 @@ def write_nqm_figures(data: dict, out_dir: str | Path, only=None) -> dict[str, P
             b, lr = _xy(entry, "learning_rate")
             ax.plot(b, lr, "o-", ms=3, color=colors[i], label=f"p={p:g}")
         ax.axhline(2.0, color="gray", ls=":", label="stability limit 2")
-        finish(fig, ax, "sgd_optimal_learning_rate")
+        finish(fig, ax, "sgd_optimal_learning_rate", legend_title=PRECONDITION_NOTE)
 
     if "pwc50_schedules" in wanted:
         pwc = data["pwc50"]
@@ -165,6 +189,7 @@ def write_nqm_figures(data: dict, out_dir: str | Path, only=None) -> dict[str, P
             ax.plot(x, lrs, "-", color=plt.cm.viridis(i / max(len(pwc["points"]) - 1, 1)), label=f"B={point['batch_size']}")
         logscale(ax, x=False)
         ax.legend(fontsize=6, ncol=2)
+        readable_log_ticks(ax)
         paths["pwc50_schedules"] = _save(fig, out / "nqm_pwc50_schedules.png")
         plt.close(fig)
 
@@ -176,7 +201,7 @@ def write_nqm_figures(data: dict, out_dir: str | Path, only=None) -> dict[str, P
             b, s = _xy(data[f"momentum_p{p}"])
             ax.plot(b, s, "s--", ms=3, color=colors[i], label=f"momentum p={p:g}")
         ax.plot(bound["batch_sizes"], bound["steps"], "k:", label="D / (2 C B)")
-        finish(fig, ax, "sgd_vs_momentum")
+        finish(fig, ax, "sgd_vs_momentum", legend_title=PRECONDITION_NOTE)
 
     if "effective_learning_rate" in wanted:
         fig, ax = new("Effective learning rate lr / (1 - momentum)", ylabel="effective learning rate")
@@ -185,7 +210,7 @@ def write_nqm_figures(data: dict, out_dir: str | Path, only=None) -> dict[str, P
             ax.plot(b, lr, "o-", ms=3, color=colors[i], label=f"SGD lr p={p:g}")
             b, lr = _xy(data[f"momentum_p{p}"], "effective_learning_rate")
             ax.plot(b, lr, "s--", ms=3, color=colors[i], label=f"momentum p={p:g}")
-        finish(fig, ax, "effective_learning_rate")
+        finish(fig, ax, "effective_learning_rate", legend_title=PRECONDITION_NOTE)
 
     if "sgd_vs_ema" in wanted:
         fig, ax = new("SGD vs SGD + EMA of iterates (p=0, target 0.01)")
@@ -209,33 +234,50 @@ def write_nqm_figures(data: dict, out_dir: str | Path, only=None) -> dict[str, P
         curves = [c for c in steps_curves(data) if "target" not in c.label]
         cols = 3
         rows = -(-len(curves) // cols)
-        # Shared batch-size axis and one legend: tick and text layout dominate this figure's drawing time.
-        fig, axes = plt.subplots(rows, cols, figsize=(4.0 * cols, 3.0 * rows), squeeze=False, sharex=True)
-        for index, (ax, curve) in enumerate(zip(axes.ravel(), curves)):
+        # Shared batch-size axis; every panel has its own axis labels and a legend with its own numbers.
+        fig, axes = plt.subplots(rows, cols, figsize=(4.3 * cols, 3.4 * rows), squeeze=False, sharex=True)
+        for ax, curve in zip(axes.ravel(), curves):
             b, s = curve.reached_arrays()
             ax.plot(b, s, "o", ms=3, label="exact NQM")
             title = curve.label
+            # The data fill the lower two thirds; the band above them holds the legend, and the
+            # vertical lines stop below it.
+            low, high = (float(s.min()) / 1.6, float(s.max()) * 1.3) if b.size else (1.0, 10.0)
+            top = high * (high / low) ** 0.55
+
+            def vline(value, low=low, high=high, **style):
+                ax.plot([value, value], [low, high], **style)
             try:
                 fit = fit_steps_curve(curve)
                 data_regimes = read_regimes(curve, b0=fit.b0)  # the same B0 as summarize_curve
                 grid = np.geomspace(b.min(), b.max(), 100)
-                ax.plot(grid, fit.predicted_steps(grid), "-", label="S_min (1 + B_crit/B)")
+                ax.plot(grid, fit.predicted_steps(grid), "-", label="fit S_min (1 + B_crit/B)")
                 if np.isfinite(fit.b_crit) and fit.b_crit > 0:
-                    ax.axvline(fit.b_crit, color="red", ls="--", lw=1, label="B_crit (fit)")
+                    vline(fit.b_crit, color="red", ls="--", lw=1, label=f"B_crit {fit.b_crit:.3g} (fit)")
                     title = f"{curve.label}: B_crit={fit.b_crit:.3g}" + (" (extrapolated)" if fit.extrapolated else "")
-                for key, style, text in (("perfect_scaling_end", ":", "perfect scaling ends (data)"),
-                                         ("maximal_parallelism_start", "-.", "max. parallelism starts (data)")):
-                    if data_regimes[key]["value"] is not None:
-                        ax.axvline(data_regimes[key]["value"], color="gray", ls=style, lw=1, label=text)
+                for key, style, text in (("perfect_scaling_end", ":", "perfect scaling to"),
+                                         ("maximal_parallelism_start", "-.", "max. parallelism from")):
+                    value = data_regimes[key]["value"]
+                    if value is not None:
+                        vline(value, color="gray", ls=style, lw=1, label=f"{text} {value:.3g} (data)")
+                    else:
+                        ax.plot([], [], ls=style, color="gray", lw=1, label=f"{text}: not in the data")
             except ValueError:
                 pass
             logscale(ax)
+            ax.set_ylim(low, top)
             ax.set_title(title, fontsize=9)
-            if index == 0:
-                ax.legend(fontsize=6)
+            ax.set_xlabel("batch size", fontsize=8)
+            ax.set_ylabel("steps to target", fontsize=8)
+            ax.tick_params(labelsize=8, labelbottom=True)
+            ax.legend(fontsize=7, loc="upper right", framealpha=0.85, handlelength=1.8, borderaxespad=0.3)
+            readable_log_ticks(ax)
         for ax in axes.ravel()[len(curves) :]:
             ax.axis("off")
-        fig.subplots_adjust(left=0.06, right=0.98, bottom=0.06, top=0.95, wspace=0.3, hspace=0.4)
+        problem = f"{bound.get('problem', 'zhang2019-binned')}, D={bound['dimension']}"
+        fig.suptitle(f"Steps to target {bound['target']:g} of the NQM curves with their fitted S(B) "
+                     f"({problem}); p: preconditioning power", fontsize=10)
+        fig.subplots_adjust(left=0.06, right=0.985, bottom=0.06, top=0.93, wspace=0.28, hspace=0.42)
         paths["critical_batch_size_fits"] = _save(fig, out / "nqm_critical_batch_size_fits.png")
         plt.close(fig)
 
@@ -294,7 +336,7 @@ def compute_and_draw_nqm_figures(out_dir: str | Path, workers: int = 2) -> tuple
         data = collect_figure_data(futures)
     computed, computed_cpu = time.perf_counter(), cpu()
     # The fits figure (many panels) is as heavy as the rest together: it is drawn here, the rest in a child.
-    mine = ["critical_batch_size_fits", "training_curves"]
+    mine = ["critical_batch_size_fits"]
     rest = [n for n in FIGURES if n not in mine]
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
         other = pool.submit(_draw_group, (data, str(out_dir), rest))

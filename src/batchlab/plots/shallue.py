@@ -5,8 +5,11 @@
   line ``S(B0) * B0 / B`` from each curve's smallest reached batch size ``B0``, and, when given, the
   fitted ``S(B) = S_min + E_min / B`` (dashed, labelled as a fit). Unreached (censored) batch sizes are
   drawn at their censoring bound with an upward arrow (the steps exceed it), never as if reached; with
-  no known bound, an ``x`` along the top edge. With one curve, the regimes read from the data
+  no known bound, an ``x`` along the top edge; with several curves each curve's marks are shifted
+  sideways a little, so none hides another. With one curve, the regimes read from the data
   (perfect scaling, maximal data parallelism; docs/methods.md, "Regimes read from the data") are shaded.
+  Intervals of the steps: one-sided ones (an upper bound) as a bar from the point up to the bound, and
+  a reached point whose interval is unbounded above as a dotted stem with an open triangle.
 * :func:`compare_workloads_figure`: several curves normalised to compare workloads (each divided by
   its steps at a reference batch size).
 * :func:`goals_figure`: several goals on one workload.
@@ -14,9 +17,12 @@
   rate against batch size, with the linear and square-root heuristics anchored at the smallest batch
   size; points whose best trial lies at the edge of its searched range are ringed in red.
 * :func:`lr_momentum_scatter_figure`: every trial in the (learning rate, 1 - momentum) plane, marked
-  goal reached / not reached / diverged, with contours of log10 of the effective learning rate.
+  goal reached / not reached / diverged, in a near-square grid of panels (at most 4 columns), with
+  contours of log10 of the effective learning rate keyed by a colour bar; trials on one point are
+  spread around it and counted.
 * :func:`best_measurement_figure`: the best measurement against batch size, one line per budget.
 
+Every log axis carries at least three labelled ticks whatever its range (:func:`readable_log_ticks`).
 Figures are built with :class:`matplotlib.figure.Figure` (no pyplot state, Agg canvas) and written by
 :func:`save_figure` atomically. Curves are :class:`~batchlab.analysis.curve.StepsCurve`, so NQM and
 measured curves plot the same way.
@@ -29,6 +35,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import LogLocator
@@ -127,7 +135,8 @@ def steps_to_result_figure(
     drawn: set[str] = set()
     lowest = np.inf
     b0_values = []
-    for curve, fit, bounds, color in zip(curves, fits, intervals, colors):
+    offsets = _curve_offsets(len(curves))
+    for curve, fit, bounds, color, offset in zip(curves, fits, intervals, colors, offsets):
         b, s = curve.reached_arrays()
         if b.size == 0:
             raise BatchlabError(f"curve {curve.label!r}: no batch size reached the goal; nothing to plot")
@@ -142,8 +151,8 @@ def steps_to_result_figure(
             lower = [lo for lo in _aligned(curve, "steps_lower") if lo is not None and lo > 0]
             if lower:
                 lowest = min(lowest, min(lower) / scale)
-        if bounds is not None and _error_bars(ax, curve, bounds, scale, color, shift="bracket" in drawn):
-            drawn.add("interval")
+        if bounds is not None:
+            drawn |= _error_bars(ax, curve, bounds, scale, color, shift="bracket" in drawn)
         if perfect_scaling:
             grid = np.array([min(b.min(), b0), max(curve.batch_sizes)])
             ideal = ax.plot(grid, s0 * b0 / grid / scale, ":", color=color, alpha=0.8, lw=1.2)[0]
@@ -152,7 +161,7 @@ def steps_to_result_figure(
             grid = np.geomspace(min(curve.batch_sizes), max(curve.batch_sizes), 200)
             fitted = ax.plot(grid, fit.predicted_steps(grid) / scale, "--", color=color, alpha=0.7, lw=1.2)[0]
             fitted.set_gid("fit")
-        drawn |= _censored_marks(ax, curve, scale, color)
+        drawn |= _censored_marks(ax, curve, scale, color, offset=offset, small=len(curves) > 1)
         bounds_at = [c for b_, s_, c in zip(curve.batch_sizes, curve.steps, _aligned(curve, "censored_at"))
                      if s_ is None and c is not None and c > 0]
         if bounds_at:  # keep every censoring bound in view
@@ -170,9 +179,18 @@ def steps_to_result_figure(
     if "bracket" in drawn:
         proxies.append(ax.errorbar([], [], yerr=[[], []], fmt="none", ecolor="0.3", elinewidth=1.2, capsize=3,
                                    label="resolution bracket (previous, reaching evaluation]"))
-    if "interval" in drawn:
-        proxies.append(ax.errorbar([], [], yerr=[[], []], fmt="none", ecolor="0.3", elinewidth=0.9, capsize=2,
-                                   alpha=0.7, label=interval_label))
+    if "interval" in drawn or "one_sided" in drawn:
+        text = interval_label
+        if "one_sided" in drawn and "interval" in drawn:
+            text += " (a bar starting at its point is one-sided: an upper bound only)"
+        elif "one_sided" in drawn:
+            text += (" (no lower bound exists)" if "one-sided" in text.lower()
+                     else " (one-sided: an upper bound only; no lower bound exists)")
+        proxies.append(ax.errorbar([], [], yerr=[[], []], fmt="none", ecolor="0.3", elinewidth=1.1, capsize=3,
+                                   alpha=0.8, label=text))
+    if "interval_unbounded" in drawn:
+        proxies.append(ax.plot([], [], marker=_UNBOUNDED_MARKER, ls=":", color="0.3", ms=6, mfc="none",
+                               label="interval unbounded above (too few trials reached the goal)")[0])
     if perfect_scaling:
         where = f" from B0 = {b0_values[0]:g}" if len(set(b0_values)) == 1 else " from each curve's B0"
         proxies.append(ax.plot([], [], ":", color="0.3", label="perfect scaling" + where)[0])
@@ -193,7 +211,20 @@ def steps_to_result_figure(
     ax.grid(True, which="major", alpha=0.3)
     if title:
         ax.set_title(title, fontsize=10)
+    readable_log_ticks(ax)
     return fig
+
+
+_UNBOUNDED_MARKER = "^"
+
+
+def _curve_offsets(n: int) -> list[float]:
+    """Per curve, a small horizontal offset (in octaves) of its not-reached marks, so that the marks of
+    several curves at one batch size and bound sit side by side instead of on top of each other."""
+    if n <= 1:
+        return [0.0] * n
+    step = min(0.25, 0.9 / (n - 1))
+    return [(i - (n - 1) / 2.0) * step for i in range(n)]
 
 
 _REGIME_STYLE = {
@@ -267,6 +298,7 @@ def metaparameters_figure(optimal, title: str | None = None, caption: str | None
         ax.set_xlabel("batch size")
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+        readable_log_ticks(ax)
     heading = "\n".join(t for t in (title, _wrap(caption, 60 * len(panels))) if t)
     if heading:
         fig.suptitle(heading, fontsize=9)
@@ -315,8 +347,12 @@ def lr_momentum_scatter_figure(
     ``outcomes`` is the frame of :func:`batchlab.analysis.metaparameters.trial_outcomes`. Markers:
     goal reached (filled), not reached (open), raced (open orange square: stopped by racing, could
     not beat the best; whether it would have reached the goal is unknown), diverged (x); the best
-    trial is starred. Each class that occurs has its legend entry. Grey contours
-    are log10(learning rate / (1 - momentum)). Optional: ``search_ranges``
+    trial is starred. Each class that occurs has its legend entry. Trials that fall on one point
+    (within 1% of each axis's log range) are placed on a small circle around it and labelled
+    "N trials", so no marker hides another. The contours are log10(learning rate / (1 - momentum)),
+    coloured by value and keyed by one colour bar (``gid="contour_colorbar"``) at the right.
+    Panels form a near-square grid of at most ``ncols`` columns (:func:`scatter_columns`: 2 for up to
+    4 batch sizes, 3 for up to 9, then 4), about 4 x 3.7 inches each. Optional: ``search_ranges``
     (:func:`~batchlab.analysis.metaparameters.searched_ranges`) draws each panel's searched box
     (dashed), ``search_edges`` (:func:`~batchlab.analysis.metaparameters.search_edge_warnings`)
     rings the best trial in red where it lies at the edge of its learning-rate or momentum range,
@@ -345,28 +381,38 @@ def lr_momentum_scatter_figure(
     xlim = _log_limits(np.concatenate([lr, box_x]))
     ylim = _log_limits(np.concatenate([om, box_y]))
     at_edge = {int(w["batch_size"]) for w in (search_edges or ()) if w["parameter"] in ("learning_rate", "momentum")}
-    ncols = min(ncols, len(chosen))
+    ncols = scatter_columns(len(chosen), ncols)
     nrows = math.ceil(len(chosen) / ncols)
-    fig = Figure(figsize=(3.4 * ncols, 3.2 * nrows))
+    fig = Figure(figsize=(4.0 * ncols + 1.2, 3.7 * nrows + 1.6))
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    gx, gy = np.meshgrid(np.geomspace(*xlim, 100), np.geomspace(*ylim, 100))
+    gx, gy = np.meshgrid(np.geomspace(*xlim, 60), np.geomspace(*ylim, 60))
     levels = np.arange(np.floor(np.log10(xlim[0] / ylim[1])), np.ceil(np.log10(xlim[1] / ylim[0])) + 1)
+    contour_norm = Normalize(vmin=levels.min(), vmax=max(levels.max(), levels.min() + 1))
+    contours = None
     for ax, b in zip(axes, chosen):
         here = frame[frame["batch_size"] == b]
-        contours = ax.contour(gx, gy, np.log10(gx / gy), levels=levels, colors="0.75", linewidths=0.7, linestyles="solid", zorder=1)
-        ax.clabel(contours, fmt="%g", fontsize=6)
+        contours = ax.contour(gx, gy, np.log10(gx / gy), levels=levels, cmap=_CONTOUR_CMAP, norm=contour_norm,
+                              linewidths=0.9, linestyles="solid", alpha=0.55, zorder=1)
+        spread = _spread_coincident(here["learning_rate"].to_numpy(dtype=float),
+                                    1.0 - here["momentum"].to_numpy(dtype=float), xlim, ylim)
+        x_all, y_all, groups = spread
+        outcome_of = here["outcome"].to_numpy()
         for outcome, style in OUTCOME_STYLE.items():
             if outcome == "raced" and not (frame["outcome"] == outcome).any():
                 continue  # the raced class appears (with its legend entry) only for raced studies
-            part = here[here["outcome"] == outcome]
-            kwargs = {"marker": style["marker"], "label": style["label"], "s": 16, "zorder": 3, "gid": f"outcome_{outcome}"}
+            mask = outcome_of == outcome
+            kwargs = {"marker": style["marker"], "label": style["label"], "s": style.get("size", 30), "zorder": 3,
+                      "gid": f"outcome_{outcome}", "linewidths": 1.3}
             if style.get("facecolors") == "none":
                 kwargs |= {"facecolors": "none", "edgecolors": style["color"]}
             else:
                 kwargs |= {"color": style["color"]}
-            ax.scatter(part["learning_rate"], 1.0 - part["momentum"], **kwargs)
+            ax.scatter(x_all[mask], y_all[mask], **kwargs)
+        for (gx0, gy0), count in groups:  # how many trials share one point: none hides another
+            ax.annotate(f"{count} trials", (gx0, gy0), xytext=(0, 9), textcoords="offset points", ha="center",
+                        va="bottom", fontsize=7, color="0.25", zorder=6, gid="coincident_count")
         best = here[here["best"]]
-        ax.scatter(best["learning_rate"], 1.0 - best["momentum"], marker="*", s=140, color="gold",
+        ax.scatter(best["learning_rate"], 1.0 - best["momentum"], marker="*", s=160, color="gold",
                    edgecolors="black", linewidths=0.6, zorder=4, label="best trial")
         if b in boxes:
             x0, x1, y0, y1 = boxes[b]
@@ -375,27 +421,77 @@ def lr_momentum_scatter_figure(
         if b in at_edge and not best.empty:
             ax.scatter(best["learning_rate"], 1.0 - best["momentum"], s=320, facecolors="none", edgecolors="tab:red",
                        linewidths=1.5, zorder=5, label="best trial at search-space edge", gid="search_edge")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        _plain_log(ax)
         ax.set_xlim(*xlim)
         ax.set_ylim(*ylim)
-        ax.set_title(f"batch size {b}", fontsize=9)
-        ax.set_xlabel("learning rate", fontsize=8)
-        ax.set_ylabel("1 - momentum", fontsize=8)
-        ax.tick_params(labelsize=7)
+        ax.set_title(f"batch size {b}", fontsize=11)
+        ax.set_xlabel("learning rate", fontsize=10)
+        ax.set_ylabel("1 - momentum", fontsize=10)
+        ax.tick_params(labelsize=9)
+        readable_log_ticks(ax)
     for ax in axes[len(chosen):]:
         ax.set_visible(False)
     entries = {}
     for ax in axes[: len(chosen)]:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             entries.setdefault(label, handle)
-    fig.legend(list(entries.values()), list(entries), loc="lower center", ncol=min(len(entries), 6), fontsize=8,
+    legend_columns = min(len(entries), 3 if ncols <= 2 else 4)
+    fig.legend(list(entries.values()), list(entries), loc="lower center", ncol=legend_columns, fontsize=9,
                frameon=False)
-    suffix = "contours: log10(learning rate / (1 - momentum))"
-    heading = "\n".join(t for t in (title, _wrap(caption, 40 * ncols), suffix) if t)
-    fig.suptitle(heading, fontsize=9)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))  # tight_layout leaves the suptitle its room
+    heading = "\n".join(t for t in (title, _wrap(caption, 34 * ncols + 20)) if t)
+    if heading:
+        fig.suptitle(heading, fontsize=10)
+    legend_rows = math.ceil(len(entries) / legend_columns)
+    height = fig.get_figheight()
+    bottom = min(0.3, (0.25 * legend_rows + 0.2) / height)
+    top = 1.0 - min(0.3, (0.16 * (heading.count("\n") + 1) + 0.02) / height) if heading else 1.0
+    # room for the legend below, the heading above and the colour bar on the right
+    fig.tight_layout(rect=(0, bottom, 0.9 if ncols > 1 else 0.86, top))
+    if contours is not None:
+        right = 0.915 if ncols > 1 else 0.885
+        bar_height = min(0.8 * (top - bottom), 4.0 / height)
+        cax = fig.add_axes((right, (top + bottom - bar_height) / 2.0, 0.018, bar_height))
+        bar = fig.colorbar(ScalarMappable(norm=contour_norm, cmap=_CONTOUR_CMAP), cax=cax, ticks=levels)
+        bar.set_label("contours: log10(learning rate / (1 - momentum))\n= log10(effective learning rate)", fontsize=9)
+        bar.ax.tick_params(labelsize=9)
+        bar.ax.set_gid("contour_colorbar")
     return fig
+
+
+_CONTOUR_CMAP = "viridis"
+
+
+def scatter_columns(panels: int, most: int = 4) -> int:
+    """Columns of the learning-rate/momentum grid: near-square (2 for up to 4 panels, 3 for up to 9),
+    at most ``most``, so the figure stays readable at page width instead of a long strip."""
+    return max(1, min(int(most), panels, math.ceil(math.sqrt(panels))))
+
+
+def _spread_coincident(x: np.ndarray, y: np.ndarray, xlim, ylim) -> tuple[np.ndarray, np.ndarray, list]:
+    """Trials that fall on one point of the (log) plane (within 1% of each axis's decades) are placed
+    on a small circle around it, so that every marker stays visible; returns the positions and, for
+    every point shared by several trials, ``((x, y), count)``."""
+    x, y = x.copy(), y.copy()
+    ok = (x > 0) & (y > 0)
+    if not ok.any():
+        return x, y, []
+    span_x = math.log10(xlim[1] / xlim[0])
+    span_y = math.log10(ylim[1] / ylim[0])
+    keys = {}
+    for i in np.flatnonzero(ok):
+        key = (round(math.log10(x[i]) / (0.01 * span_x)), round(math.log10(y[i]) / (0.01 * span_y)))
+        keys.setdefault(key, []).append(i)
+    groups = []
+    for members in keys.values():
+        if len(members) < 2:
+            continue
+        x0, y0 = float(x[members[0]]), float(y[members[0]])
+        groups.append(((x0, y0), len(members)))
+        for k, i in enumerate(members):
+            angle = 2 * math.pi * k / len(members) + math.pi / 4
+            x[i] = x0 * 10 ** (0.022 * span_x * math.cos(angle))
+            y[i] = y0 * 10 ** (0.03 * span_y * math.sin(angle))
+    return x, y, groups
 
 
 def best_measurement_figure(sweep, metric: str, title: str | None = None) -> Figure:
@@ -426,32 +522,54 @@ def best_measurement_figure(sweep, metric: str, title: str | None = None) -> Fig
     for ax in (by_batch, by_budget):
         ax.set_ylabel(f"best {metric}")
         ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=7, ncol=2 if ax is by_budget and len(b) > 8 else 1)
+        # below the panel: a legend inside would cover the lines it names
+        entries = len(ax.get_legend_handles_labels()[1])
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False,
+                  ncol=max(1, min(4, entries)) if ax is by_budget else max(1, min(3, entries)))
+        readable_log_ticks(ax)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
 
 
-def _error_bars(ax, curve: StepsCurve, bounds, scale: float, color, shift: bool = False) -> bool:
-    """Intervals of the steps as thin capped error bars; ``shift`` moves them a little right of the
-    points so they do not hide the resolution brackets. A ``(None, high)`` interval is one-sided (an
-    upper bound) and is drawn from the point up to ``high``. Whether any was drawn."""
+def _error_bars(ax, curve: StepsCurve, bounds, scale: float, color, shift: bool = False) -> set[str]:
+    """Intervals of the steps as capped error bars; ``shift`` moves them a little right of the points
+    so they do not hide the resolution brackets. A ``(None, high)`` interval is one-sided (an upper
+    bound) and is drawn from the point up to ``high``, capped there; a reached point whose interval
+    has no finite upper side (one trial, or too few reached the goal) gets a dotted stem with an open
+    triangle (``gid="interval_unbounded"``), so a missing interval is never silent. Returns what was
+    drawn: ``"interval"`` (two-sided), ``"one_sided"``, ``"interval_unbounded"``."""
     if len(bounds) != len(curve.batch_sizes):
         raise BatchlabError(f"curve {curve.label!r}: {len(bounds)} intervals for {len(curve.batch_sizes)} batch sizes")
-    rows = [
-        (b, s, s if lo is None else lo, hi)
-        for b, s, (lo, hi) in zip(curve.batch_sizes, curve.steps, bounds)
-        if s is not None and hi is not None and np.isfinite([s if lo is None else lo, hi]).all()
-    ]
-    if not rows:
-        return False
-    b, s, lo, hi = (np.asarray(col, dtype=float) for col in zip(*rows))
-    below, above = np.clip(s - lo, 0, None), np.clip(hi - s, 0, None)
-    container = ax.errorbar(b * (2 ** 0.12 if shift else 1.0), s / scale, yerr=[below / scale, above / scale],
-                            fmt="none", ecolor=color, elinewidth=0.9, alpha=0.7, capsize=2, zorder=2)
-    container.set_label("_interval")
-    return True
+    drawn: set[str] = set()
+    factor = 2 ** 0.12 if shift else 1.0
+    rows, open_above = [], []
+    for b, s, (lo, hi) in zip(curve.batch_sizes, curve.steps, bounds):
+        if s is None:
+            continue
+        if hi is None or not np.isfinite(hi):
+            open_above.append((b, s))
+            continue
+        if lo is not None and not np.isfinite(lo):
+            continue
+        rows.append((b, s, s if lo is None else lo, hi))
+        drawn.add("one_sided" if lo is None else "interval")
+    if rows:
+        b, s, lo, hi = (np.asarray(col, dtype=float) for col in zip(*rows))
+        below, above = np.clip(s - lo, 0, None), np.clip(hi - s, 0, None)
+        container = ax.errorbar(b * factor, s / scale, yerr=[below / scale, above / scale], fmt="none",
+                                ecolor=color, elinewidth=1.1, alpha=0.8, capsize=3, zorder=2)
+        container.set_label("_interval")
+    if open_above:
+        b, s = (np.asarray(col, dtype=float) for col in zip(*open_above))
+        top = s * 2 ** 0.5
+        stems = ax.vlines(b * factor, s / scale, top / scale, colors=[color], linestyles=":", lw=1.1, zorder=2)
+        stems.set_gid("interval_unbounded")
+        heads = ax.plot(b * factor, top / scale, _UNBOUNDED_MARKER, color=color, mfc="none", ms=5, zorder=2)[0]
+        heads.set_gid("interval_unbounded")
+        drawn.add("interval_unbounded")
+    return drawn
 
 
 def _aligned(curve: StepsCurve, name: str) -> list:
@@ -477,10 +595,13 @@ def _bracket_bars(ax, curve: StepsCurve, scale: float, color) -> bool:
     return True
 
 
-def _censored_marks(ax, curve: StepsCurve, scale: float, color) -> set[str]:
+def _censored_marks(ax, curve: StepsCurve, scale: float, color, offset: float = 0.0, small: bool = False) -> set[str]:
     """Unreached batch sizes: at their censoring bound with an upward arrow (steps exceed it), or, when
-    no bound is known, an ``x`` along the top edge. Never drawn as if reached."""
+    no bound is known, an ``x`` along the top edge. Never drawn as if reached. ``offset`` shifts the
+    marks sideways by that many octaves (several curves: side by side, none hiding another); ``small``
+    draws them narrower."""
     drawn = set()
+    shift = 2.0 ** offset
     bounded = [
         (b, c) for b, s, c in zip(curve.batch_sizes, curve.steps, _aligned(curve, "censored_at"))
         if s is None and c is not None
@@ -488,8 +609,8 @@ def _censored_marks(ax, curve: StepsCurve, scale: float, color) -> set[str]:
     if bounded:
         b, c = (np.asarray(col, dtype=float) for col in zip(*bounded))
         arrow = c * (2 ** 0.6 - 1.0)  # a fixed length on the log2 axis
-        container = ax.errorbar(b, c / scale, yerr=[np.zeros_like(c), arrow / scale], lolims=True, fmt="_",
-                                color=color, ms=12, mew=2, elinewidth=1.5, capsize=0, zorder=4)
+        container = ax.errorbar(b * shift, c / scale, yerr=[np.zeros_like(c), arrow / scale], lolims=True, fmt="_",
+                                color=color, ms=8 if small else 12, mew=2, elinewidth=1.5, capsize=0, zorder=4)
         container.set_label("_censored")
         drawn.add("censored")
     unbounded = [
@@ -498,7 +619,7 @@ def _censored_marks(ax, curve: StepsCurve, scale: float, color) -> set[str]:
     ]
     if unbounded:
         marks = ax.plot(
-            unbounded, [0.97] * len(unbounded), "x", color=color, ms=8, mew=2,
+            np.asarray(unbounded, dtype=float) * shift, [0.97] * len(unbounded), "x", color=color, ms=8, mew=2,
             transform=ax.get_xaxis_transform(), clip_on=False, zorder=4,
         )[0]
         marks.set_gid("not_reached")
@@ -605,6 +726,84 @@ def _wrap(text: str | None, width: int) -> str | None:
 def _log2_x(ax) -> None:
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(LogLocator(base=2, numticks=12))
+
+
+MIN_LOG_LABELS = 3
+
+
+def _plain_log(ax) -> None:
+    """Both axes log10, labelled with plain numbers (0.01, 0.1, 1), no minor ticks: many panels draw
+    several times faster than with the default mathtext labels and minor ticks."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    for axis, scale in ((ax.xaxis, ax.set_xscale), (ax.yaxis, ax.set_yscale)):
+        scale("log")
+        axis.set_major_locator(LogLocator(numticks=7))
+        axis.set_major_formatter(FuncFormatter(lambda v, _pos: _tick_text(v)))
+        axis.set_minor_formatter(NullFormatter())
+    ax.minorticks_off()
+
+
+def readable_log_ticks(ax, min_labels: int = MIN_LOG_LABELS) -> None:
+    """Give every log-scaled axis of ``ax`` at least ``min_labels`` labelled ticks inside its view limits.
+
+    Where the axis's own locator labels fewer (a narrow range: under about two decades on a log10 axis,
+    under about two octaves on a log2 axis), the labelled ticks become 1, 3 (then 1, 2, 5, then 1, 2, 3, 5, then 1, 2,
+    ..., 9) times the powers of ten, or 1, 1.5 (then 1, 1.25, 1.5, 1.75) times the powers of two on a log2
+    axis, or, for a range narrower still, evenly spaced round numbers; they are written as plain
+    numbers and the minor tick labels are switched off, so no two labels overlap. Axes whose own
+    ticks already suffice are left as they are. Call it once the limits are final.
+    """
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    for axis, limits in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+        if axis.get_scale() != "log":
+            continue
+        lo, hi = sorted(float(v) for v in limits)
+        if not (lo > 0 and np.isfinite(hi) and hi > lo):
+            continue
+        if len(_inside(axis.get_major_locator().tick_values(lo, hi), lo, hi)) >= min_labels:
+            continue
+        base = float(getattr(axis.get_transform(), "base", 10.0))
+        ticks = _narrow_log_ticks(lo, hi, base, min_labels)
+        axis.set_major_locator(FixedLocator(ticks))
+        integers = base == 2 and all(float(t).is_integer() and t < 1e6 for t in ticks)
+        axis.set_major_formatter(FuncFormatter(lambda v, _pos, whole=integers: f"{v:.0f}" if whole else _tick_text(v)))
+        axis.set_minor_formatter(NullFormatter())
+
+
+def _inside(ticks, lo: float, hi: float) -> list[float]:
+    return [float(t) for t in ticks if lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9)]
+
+
+def _narrow_log_ticks(lo: float, hi: float, base: float, min_labels: int) -> list[float]:
+    """At least ``min_labels`` round values in ``[lo, hi]`` (see :func:`readable_log_ticks`)."""
+    from matplotlib.ticker import MaxNLocator
+
+    if base == 2:
+        options, step = ((1.0,), (1.0, 1.5), (1.0, 1.25, 1.5, 1.75)), 2.0
+    else:
+        # 1, 2, 3, 5 before 1...9: in a range under a decade, 1...9 crowds its upper end (700, 800, 900, 1000)
+        options, step = ((1.0,), (1.0, 3.0), (1.0, 2.0, 5.0), (1.0, 2.0, 3.0, 5.0),
+                         tuple(float(m) for m in range(1, 10))), 10.0
+    k0, k1 = math.floor(math.log(lo, step)) - 1, math.ceil(math.log(hi, step)) + 1
+    for subs in options:
+        ticks = _inside(sorted({m * step**k for k in range(k0, k1 + 1) for m in subs}), lo, hi)
+        if len(ticks) >= min_labels:
+            return ticks
+    nice = MaxNLocator(nbins=min_labels + 1, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi)
+    linear = [t for t in _inside(nice, lo, hi) if t > 0]
+    return linear if len(linear) >= min_labels else list(np.geomspace(lo, hi, min_labels))
+
+
+def _tick_text(value: float) -> str:
+    """A tick value as a short plain number: 0.02, 350, 5000, 2e4, 1.5e-5."""
+    if value == 0 or not np.isfinite(value):
+        return f"{value:g}"
+    if 1e-3 <= abs(value) < 1e4:
+        return f"{value:.4g}"
+    exponent = math.floor(math.log10(abs(value)) + 1e-9)
+    return f"{value / 10**exponent:.3g}e{exponent}"
 
 
 def _log_limits(values: np.ndarray) -> tuple[float, float]:

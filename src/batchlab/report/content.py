@@ -1,0 +1,696 @@
+"""The numbers and figures of a report, per unit (docs/methods.md, "The report").
+
+:func:`analyse_unit` computes everything one unit's section shows (steps to result with the fit,
+intervals and data-read regimes; the named critical batch sizes; the optimal metaparameters and the
+scaling-rule verdict; the learning-rate/momentum scatter; the best measurement under a few step
+budgets), each figure rendered to PNG bytes in memory, each number also as a CSV row
+(:class:`Row`). :func:`compare_units` compares the optimizers of one base workload and study group,
+:func:`nqm_section` draws the NQM prediction beside the measured curves, :func:`steps_table_section`
+fits external steps tables. Nothing here writes a file.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from batchlab.errors import BatchlabError
+from batchlab.report.units import Unit, restricted, unit_goal
+from batchlab.report.verdict import resolution, scaling_verdict
+
+TOLERANCE = 0.1
+#: At most this many step budgets in the best-measurement figure.
+MAX_BUDGETS = 4
+
+
+@dataclass(frozen=True)
+class Row:
+    """One CSV row (long format): ``unit, section, batch_size, quantity, value, lower, upper, note``."""
+
+    unit: str
+    section: str
+    batch_size: float | None
+    quantity: str
+    value: object
+    lower: float | None = None
+    upper: float | None = None
+    note: str = ""
+
+
+@dataclass
+class FigureOut:
+    """A rendered figure: ``id`` (the ``data-figure`` attribute), caption, alt text and PNG bytes."""
+
+    id: str
+    caption: str
+    alt: str
+    png: bytes
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list]
+    note: str = ""
+
+
+@dataclass
+class UnitResult:
+    """Everything one unit's section shows (see :func:`analyse_unit`)."""
+
+    unit: Unit
+    goal: dict | None = None
+    status: str = "analysed"  # analysed | unreached | skipped
+    reason: str = ""
+    counts: dict = field(default_factory=dict)
+    results: list = field(default_factory=list)
+    curve: object = None
+    fit: object = None
+    estimate: dict | None = None
+    figures: list[FigureOut] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+    verdict: object = None
+    b_crit: dict | None = None  # {"value", "low", "high", "extrapolated", "n_points", "ps_end", ...}
+    selection: object = None
+    goal_text: str = ""
+    published: str = ""  # when the unit's trials were published (store commit times)
+    nqm_b_crit: float | None = None
+
+    @property
+    def key(self) -> str:
+        return self.unit.name
+
+
+def render(fig) -> bytes:
+    """``fig`` as PNG bytes (dpi 100), rendered in memory."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    return buffer.getvalue()
+
+
+def num(value, digits: int = 3) -> str:
+    """A number for text: ``digits`` significant digits, ``inf`` as such, None as ``-``."""
+    if value is None:
+        return "-"
+    value = float(value)
+    if math.isnan(value):
+        return "-"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if value != 0 and abs(value) >= 10 ** digits:
+        return f"{round(value):,}".replace(",", "")
+    return f"{float(f'{value:.{digits}g}'):g}"
+
+
+def _finite(value):
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def analyse_unit(con, unit: Unit, n_boot: int, level: float, seed: int) -> UnitResult:
+    """Compute one unit's section on ``con`` (views restricted to the unit while it runs)."""
+    out = UnitResult(unit)
+    with restricted(con, unit):
+        out.counts = _status_counts(con, unit.workload)
+        goal, why = unit_goal(unit, con)
+        if goal is None:
+            out.status, out.reason = "skipped", f"not analysed: {why}"
+            return out
+        out.goal = goal
+        try:
+            _analyse(con, out, n_boot, level, seed)
+        except BatchlabError as exc:
+            if out.status == "analysed" and out.curve is None:
+                out.status, out.reason = "skipped", f"not analysed: {exc}"
+            else:
+                out.warnings.append(f"part of the analysis failed: {exc}")
+    return out
+
+
+def _status_counts(con, workload: str) -> dict[int, dict[str, int]]:
+    counts: dict[int, dict[str, int]] = {}
+    for b, status, n in con.execute("SELECT batch_size, status, count(*) FROM trials WHERE workload = ? "
+                                    "GROUP BY ALL ORDER BY ALL", [workload]).fetchall():
+        counts.setdefault(int(b), {})[str(status)] = int(n)
+    return counts
+
+
+def caption_of(out: UnitResult) -> str:
+    """Which trials a unit's figures rest on, in one line."""
+    sel = out.selection
+    rule = "every selected trial per batch size" if not out.results or out.results[0].max_trials is None else \
+        f"first {out.results[0].max_trials} trials per batch size by trial id"
+    ids = out.unit.study_ids
+    studies = "all trials (no study ids)" if ids is None else (
+        f"{len(ids)} studies, one per batch size" if len(ids) > 3 else "studies " + ", ".join(ids))
+    return f"trials: {rule}; statuses {', '.join(sel.statuses)}; {studies} ({out.unit.group})"
+
+
+def _analyse(con, out: UnitResult, n_boot: int, level: float, seed: int) -> None:
+    from batchlab.analysis.selection import Selection
+    from batchlab.analysis.steps_to_result import steps_curve, steps_to_result_many
+
+    unit, goal = out.unit, out.goal
+    selection = Selection(unit.workload, goal["metric"], goal["goal"], maximize=goal["maximize"], max_trials="auto")
+    try:
+        results = steps_to_result_many(con, [selection])[0]
+    except BatchlabError as exc:
+        if "the paper's first" not in str(exc):
+            raise
+        selection = Selection(unit.workload, goal["metric"], goal["goal"], maximize=goal["maximize"], max_trials=None)
+        results = steps_to_result_many(con, [selection])[0]
+        out.notes.append(f"every trial is used (the paper's first-N rule does not apply: {exc})")
+    out.selection, out.results = selection, results
+    name = out.key
+    comparison = ">" if goal["maximize"] else "<"
+    out.goal_text = f"{goal['metric']} {comparison} {goal['goal']:g}"
+    for r in results:
+        out.rows.extend(_result_rows(name, r))
+    if not any(r.reached for r in results):
+        out.status = "unreached"
+        out.reason = (f"no goal reached: {out.goal_text} was met at none of {len(results)} batch size(s) "
+                      f"({goal['source']})")
+        out.tables.append(_steps_table(out, None))
+        return
+    curve = steps_curve(results, label=unit.optimizer)
+    out.curve = curve
+    _fit_and_figure(con, out, selection, n_boot, level, seed)
+    for part, what in ((_metaparameters, "optimal metaparameters"), (_best_measurement, "best measurement")):
+        try:
+            part(con, out, selection)
+        except BatchlabError as exc:  # one part failing leaves the others (and the page) standing
+            out.warnings.append(f"no {what}: {exc}")
+
+
+def _result_rows(name: str, r) -> list[Row]:
+    rows = [Row(name, "steps_to_result", r.batch_size, "n_trials", r.n_trials),
+            Row(name, "steps_to_result", r.batch_size, "n_reached", r.n_reached),
+            Row(name, "steps_to_result", r.batch_size, "n_raced", r.n_raced)]
+    if r.reached:
+        rows.append(Row(name, "steps_to_result", r.batch_size, "steps", r.steps, r.steps_lower, r.steps,
+                        "resolution bracket (lower, steps]"))
+        rows.append(Row(name, "steps_to_result", r.batch_size, "best_trial", r.trial_id))
+    else:
+        rows.append(Row(name, "steps_to_result", r.batch_size, "censored_at", r.censored_at, r.censored_at, None,
+                        "not reached: steps > censored_at" if r.censored_at is not None else "not reached, no bound"))
+    return rows
+
+
+def _fit_and_figure(con, out: UnitResult, selection, n_boot: int, level: float, seed: int) -> None:
+    from batchlab.analysis.bootstrap import critical_batch_size_with_intervals
+    from batchlab.analysis.definitions import REGISTRY
+    from batchlab.plots.shallue import steps_to_result_figure
+
+    name, curve = out.key, out.curve
+    estimate = None
+    try:
+        estimate = critical_batch_size_with_intervals(con, selection, n_boot=n_boot, level=level, seed=seed,
+                                                      tolerance=TOLERANCE)
+    except BatchlabError as exc:
+        out.warnings.append(f"no S(B) fit: {exc}")
+    intervals = None
+    if estimate is not None:
+        out.fit = estimate.fit
+        summary = estimate.to_dict()
+        out.estimate = summary
+        out.warnings.extend(summary["warnings"])
+        by_b = {row["batch_size"]: row for row in summary["regimes"]}
+        intervals = [[tuple(by_b[b]["steps_interval"]) if b in by_b else (None, None) for b in curve.batch_sizes]]
+        named = summary["critical_batch_sizes"]
+        rows = []
+        for d in REGISTRY:
+            entry = named[d.name]
+            extrapolated = (d.source == "fit" and summary["extrapolated"] and d.name == "mccandlish_b_crit")
+            reason = entry.get("reason") or ""
+            note = "extrapolated: outside the measured range" if extrapolated else reason
+            if d.source == "data" and entry.get("value") is None and entry.get("lower_bound") is not None:
+                note = f"{reason} (> {num(entry['lower_bound'])})"
+            rows.append([d.name, d.source, num(entry["value"]),
+                         "" if d.source == "data" else f"[{num(entry['low'])}, {num(entry['high'])}]",
+                         note, d.definition])
+            out.rows.append(Row(name, "critical_batch_size", None, d.name, _finite(entry["value"]),
+                                _finite(entry["low"]), _finite(entry["high"]),
+                                (f"{level:.0%} profile-likelihood interval; " if d.source == "fit" else "read from data; ")
+                                + note))
+        for pname, entry in summary["fit_intervals"].items():
+            rows.append([pname, "fit", num(entry["value"]), f"[{num(entry['low'])}, {num(entry['high'])}]", "",
+                         "fitted S_min (steps) / E_min (examples) of S(B) = S_min + E_min / B"])
+            out.rows.append(Row(name, "fit", None, pname, _finite(entry["value"]), _finite(entry["low"]),
+                                _finite(entry["high"]), f"{level:.0%} profile-likelihood interval"))
+        measured = summary["s_min"]["measured"] or {}
+        if isinstance(measured, dict) and measured.get("value") is not None:
+            rows.append(["s_min measured", "data", num(measured.get("value")), "", "" if measured.get("plateau_seen")
+                         else "an upper bound on the plateau (no plateau seen)", "smallest measured steps to result"])
+        out.tables.append(Table(f"Critical batch sizes ({level:.0%} intervals; B0 = {num(summary['b0'])}, "
+                                f"fit of {summary['points_used']} batch sizes, measured range "
+                                f"{num(summary['batch_size_range'][0])} to {num(summary['batch_size_range'][1])})",
+                                ["name", "source", "value", "interval", "note", "definition"], rows))
+        b_crit = named["mccandlish_b_crit"]
+        ps = named["perfect_scaling_end"]
+        out.b_crit = {"value": b_crit["value"] if b_crit["value"] is not None else (math.inf if estimate.fit.b_crit > 0 else 0.0),
+                      "low": b_crit["low"], "high": b_crit["high"], "extrapolated": bool(summary["extrapolated"]),
+                      "n_points": summary["points_used"], "ps_end": ps.get("value"),
+                      "ps_beyond": ps.get("lower_bound") if ps.get("value") is None else None, "level": level}
+    out.tables.append(_steps_table(out, estimate))
+    figure = steps_to_result_figure(
+        [curve], fits=[out.fit], title=f"{out.unit.workload}: {out.goal_text}", intervals=intervals,
+        tolerance=TOLERANCE, interval_label=f"one-sided {level:.0%} upper bound on the median best-of-K steps",
+        caption=caption_of(out),
+    )
+    out.figures.append(FigureOut(
+        _fig_id(out, "steps"),
+        "Steps to result against batch size (log2 axes): resolution brackets as error bars, one-sided "
+        f"{level:.0%} upper bounds on the median best-of-K steps beside them, perfect scaling from B0 (dotted), "
+        "the fitted S(B) = S_min + E_min/B (dashed, a fit), unreached batch sizes at their censoring bound "
+        "(arrow up), the regimes read from the data shaded.",
+        f"steps to result vs batch size, {out.unit.name}", render(figure)))
+
+
+def _fig_id(out: UnitResult, kind: str) -> str:
+    import re
+
+    return re.sub(r"[^A-Za-z0-9]+", "-", f"{out.unit.name}-{kind}").strip("-").lower()
+
+
+def _steps_table(out: UnitResult, estimate) -> Table:
+    by_b = {row["batch_size"]: row for row in (out.estimate or {}).get("regimes", [])} if estimate is not None else {}
+    rows = []
+    for r in out.results:
+        row = by_b.get(r.batch_size, {})
+        upper = (row.get("steps_interval") or [None, None])[1]
+        study = out.unit.batch_study.get(r.batch_size, ", ".join(r.study_ids))
+        budget = (out.unit.definitions.get(study) or {}).get("train_steps")
+        counts = out.counts.get(r.batch_size, {})
+        rows.append([
+            r.batch_size,
+            f"({r.steps_lower}, {r.steps}]" if r.reached else (f"> {r.censored_at}" if r.censored_at is not None else "not reached"),
+            "" if upper is None else f"<= {upper}",
+            f"{r.n_reached}/{r.n_trials}" + (f" ({r.n_raced} raced)" if r.n_raced else ""),
+            ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+            row.get("regime") or "",
+            _shares(row),
+            "" if r.trial_id is None else r.trial_id,
+            num(r.learning_rate, 3) if r.learning_rate is not None else "",
+            num(r.momentum, 4) if r.momentum is not None else "",
+            num(r.effective_learning_rate, 3) if r.effective_learning_rate is not None else "",
+            "" if budget is None else budget,
+            study,
+        ])
+        if upper is not None:
+            out.rows.append(Row(out.key, "steps_to_result", r.batch_size, "steps_upper_bound", upper, None, upper,
+                                "one-sided upper bound on the median best-of-K steps"))
+        if row.get("regime"):
+            out.rows.append(Row(out.key, "steps_to_result", r.batch_size, "regime", row["regime"]))
+    return Table("Steps to result per batch size",
+                 ["batch size", "steps (bracket]", "upper bound", "reached/trials", "statuses", "regime (data)",
+                  "regime shares (resampled)", "best trial", "learning rate", "momentum", "effective lr", "budget (steps)", "study"], rows)
+
+
+_SHORT_REGIMES = {"perfect_scaling": "ps", "diminishing_returns": "dr", "maximal_data_parallelism": "mp"}
+
+
+def _shares(row: dict) -> str:
+    """The regime shares of one batch size's resampled curves, e.g. ``ps 0.85, dr 0.15`` (``?`` the
+    undetermined share, racing); empty when there are none."""
+    fractions = row.get("regime_fractions") or {}
+    parts = [f"{_SHORT_REGIMES.get(k, k)} {v:.2f}" for k, v in fractions.items() if v]
+    if row.get("regime_fractions_undetermined"):
+        parts.append(f"? {row['regime_fractions_undetermined']:.2f}")
+    return ", ".join(parts)
+
+
+def _metaparameters(con, out: UnitResult, selection) -> None:
+    from batchlab.analysis.metaparameters import (
+        optimal_metaparameters,
+        search_edge_warnings,
+        searched_ranges,
+        trial_outcomes,
+    )
+    from batchlab.plots.shallue import lr_momentum_scatter_figure, metaparameters_figure
+
+    name = out.key
+    edges = search_edge_warnings(con, out.results)
+    optimal = optimal_metaparameters(out.results, search_edges=edges)
+    outcomes = trial_outcomes(con, selection)
+    for w in edges:
+        out.warnings.append(w["message"])
+    if not optimal.has("learning_rate"):
+        out.notes.append("the best trials have no learning_rate parameter: no metaparameter figures or verdict")
+        return
+    figure = metaparameters_figure(optimal, title=f"{out.unit.workload}: optimal metaparameters",
+                                   caption=caption_of(out))
+    out.figures.append(FigureOut(
+        _fig_id(out, "metaparameters"),
+        "The best trial's learning rate, 1 - momentum and effective learning rate against batch size, with the "
+        "linear and square-root rules anchored at the smallest reached batch size; best trials at a search-space "
+        "edge are ringed in red.", f"optimal metaparameters vs batch size, {out.unit.name}", render(figure)))
+    y = optimal.values["effective_learning_rate"]
+    edge = optimal.edge_limited("effective_learning_rate")
+    deltas = []
+    for b, value in zip(optimal.batch_sizes, y):
+        here = outcomes[(outcomes["batch_size"] == int(b)) & ~outcomes["best"]]
+        deltas.append(resolution(float(value), here["effective_learning_rate"].to_numpy(dtype=float)))
+    verdict = scaling_verdict(optimal.batch_sizes, y, edge, deltas)
+    out.verdict = verdict
+    rows = []
+    for i, b in enumerate(optimal.batch_sizes):
+        for pname in ("learning_rate", "momentum", "effective_learning_rate"):
+            v = optimal.values[pname][i]
+            if np.isfinite(v):
+                out.rows.append(Row(name, "metaparameters", float(b), pname, float(v), None, None,
+                                    "best trial at a search edge" if optimal.edge_limited(pname)[i] else ""))
+        rows.append([int(b), num(y[i]), "yes" if edge[i] else "",
+                     "" if not math.isfinite(deltas[i]) else f"x{math.exp(deltas[i]):.3g}"])
+        out.rows.append(Row(name, "verdict", float(b), "resolution_factor",
+                            math.exp(deltas[i]) if math.isfinite(deltas[i]) else None))
+    for b1, b2, slope in verdict.slopes:
+        out.rows.append(Row(name, "verdict", b2, "local_slope", slope, None, None, f"log-log slope from B={b1:g}"))
+    for rule, f in verdict.fits.items():
+        out.rows.append(Row(name, "verdict", f.end, f"{rule}_rule_fits_to", f.end, verdict.anchor, f.end,
+                            f"stops at B={f.stop:g}: {f.why}" if f.stop is not None else "to the largest reached B"))
+    out.rows.append(Row(name, "verdict", None, "verdict", None, None, None, verdict.text))
+    out.tables.append(Table("Optimal effective learning rate and the search's resolution",
+                            ["batch size", "effective lr", "search edge", "resolution (factor)"], rows,
+                            note="local log-log slopes: " + ", ".join(
+                                f"{b1:g}->{b2:g}: {'-' if s is None else f'{s:.2f}'}" for b1, b2, s in verdict.slopes)))
+    frame = outcomes[np.isfinite(outcomes["learning_rate"]) & np.isfinite(outcomes["momentum"])]
+    if frame.empty:
+        out.notes.append("no learning-rate/momentum scatter: the optimizer has no momentum parameter")
+        return
+    ranges = searched_ranges(con, out.results)
+    figure = lr_momentum_scatter_figure(outcomes, title=f"{out.unit.workload}: trials", search_edges=edges,
+                                        search_ranges=ranges, caption=caption_of(out))
+    out.figures.append(FigureOut(
+        _fig_id(out, "lr-momentum"),
+        "Every trial in the (learning rate, 1 - momentum) plane per batch size: goal reached, not reached, raced "
+        "(stopped by racing), diverged; the best trial starred; searched ranges dashed.",
+        f"learning rate / momentum scatter, {out.unit.name}", render(figure)))
+    for outcome, n in outcomes["outcome"].value_counts().sort_index().items():
+        out.rows.append(Row(name, "lr_momentum", None, f"trials_{outcome}", int(n)))
+
+
+def choose_budgets(out: UnitResult) -> list[int]:
+    """A few step budgets read from the data: the smallest and the median steps to result, the largest
+    steps to result, and the largest step budget of the analysed studies (at most :data:`MAX_BUDGETS`)."""
+    steps = sorted(r.steps for r in out.results if r.reached)
+    candidates = [steps[0], steps[len(steps) // 2], steps[-1]]
+    budgets = [d.get("train_steps") for d in out.unit.definitions.values() if d.get("train_steps")]
+    if budgets:
+        candidates.append(max(budgets))
+    chosen = sorted({int(c) for c in candidates if c and c > 0})
+    return chosen[:MAX_BUDGETS]
+
+
+def _best_measurement(con, out: UnitResult, selection) -> None:
+    from batchlab.analysis.budgets import best_measurement_by_budget
+    from batchlab.plots.shallue import best_measurement_figure
+
+    budgets = choose_budgets(out)
+    kwargs = dict(kind="step", maximize=selection.maximize, max_trials=selection.max_trials,
+                  statuses=selection.statuses)
+    refused = {}
+    try:
+        sweep = best_measurement_by_budget(con, out.unit.workload, selection.metric, budgets, **kwargs)
+        accepted = budgets
+    except BatchlabError:
+        accepted = []
+        for budget in budgets:
+            try:
+                best_measurement_by_budget(con, out.unit.workload, selection.metric, [budget], **kwargs)
+                accepted.append(budget)
+            except BatchlabError as exc:
+                refused[budget] = str(exc)
+        limit = con.execute("SELECT min(steps) FROM trials WHERE workload = ? AND status = 'RACED'",
+                            [out.unit.workload]).fetchone()[0]
+        if limit is not None and int(limit) >= 1 and int(limit) not in accepted:
+            try:  # the largest step budget within every raced trial's recorded curve
+                best_measurement_by_budget(con, out.unit.workload, selection.metric, [int(limit)], **kwargs)
+                accepted = sorted(set(accepted) | {int(limit)})
+                out.notes.append(f"best measurement: step budget {int(limit)} added, the largest within every raced "
+                                 "trial's recorded curve")
+            except BatchlabError:
+                pass
+        sweep = best_measurement_by_budget(con, out.unit.workload, selection.metric, accepted, **kwargs) if accepted else None
+    for budget, message in refused.items():
+        out.notes.append(f"best measurement under step budget {budget}: refused by the analysis: {message}")
+    if sweep is None or not np.isfinite(sweep.best).any():
+        out.notes.append("no best-measurement figure: no budget could be answered")
+        return
+    figure = best_measurement_figure(sweep, selection.metric, title=f"{out.unit.workload}: best {selection.metric}")
+    out.figures.append(FigureOut(
+        _fig_id(out, "best-measurement"),
+        f"Best {selection.metric} at any evaluation within each step budget ({', '.join(str(b) for b in sweep.budgets)}; "
+        "chosen from the data: the smallest, median and largest steps to result and the largest study budget"
+        + ("; on raced studies only budgets within every raced trial's curve" if refused else "") + ").",
+        f"best measurement vs batch size and budget, {out.unit.name}", render(figure)))
+    rows = []
+    for i, budget in enumerate(sweep.budgets):
+        for j, b in enumerate(sweep.batch_sizes):
+            value = sweep.best[i, j]
+            out.rows.append(Row(out.key, "best_measurement", b, f"best {selection.metric} within {budget} steps",
+                                _finite(value)))
+        rows.append([budget, *[num(v, 4) for v in sweep.best[i]]])
+    out.tables.append(Table(f"Best {selection.metric} within each step budget",
+                            ["step budget", *[f"B={b}" for b in sweep.batch_sizes]], rows))
+
+
+# --- comparisons, NQM, steps tables ----------------------------------------------------------------
+
+
+@dataclass
+class Comparison:
+    """The optimizers of one base workload and study group."""
+
+    base: str
+    group: str
+    units: list[UnitResult]
+    baseline: UnitResult | None = None
+    ratios: list[dict] = field(default_factory=list)
+    figure: FigureOut | None = None
+    nqm_ratios: dict = field(default_factory=dict)
+
+    def summary_line(self, with_group: bool = False) -> str | None:
+        """``base: a/b B_crit ratio R[, ...]`` (``base [group]`` with ``with_group``); None without ratios."""
+        parts = []
+        for r in self.ratios:
+            text = f"{r['name']} B_crit ratio {num(r['ratio'], 2)}"
+            if r.get("nqm") is not None:
+                text += (f" (NQM {num(r['nqm'], 2)} on its own problem"
+                         f"{', extrapolated' if r.get('nqm_extrapolated') else ''})")
+            if r["extrapolated"]:
+                text += " (extrapolated)"
+            parts.append(text)
+        head = f"{self.base} [{self.group}]" if with_group else self.base
+        return f"{head}: " + ", ".join(parts) if parts else None
+
+
+def compare_units(results: list[UnitResult]) -> list[Comparison]:
+    """One comparison per (base workload, group) with two or more analysed units."""
+    from batchlab.plots.shallue import compare_workloads_figure
+
+    groups: dict[tuple[str, str], list[UnitResult]] = {}
+    for r in results:
+        if r.status == "analysed" and r.curve is not None:
+            groups.setdefault((r.unit.base, r.unit.group), []).append(r)
+    out = []
+    for (base, group), members in sorted(groups.items()):
+        if len(members) < 2:
+            continue
+        members = sorted(members, key=lambda r: r.unit.optimizer)
+        names = [m.unit.optimizer for m in members]
+        baseline = members[names.index("sgd")] if "sgd" in names else members[0]
+        comp = Comparison(base, group, members, baseline)
+        for m in members:
+            if m is baseline:
+                continue
+            a, b = m.b_crit, baseline.b_crit
+            if a is None or b is None:
+                continue
+            ratio = a["value"] / b["value"] if b["value"] not in (0, None) and math.isfinite(b["value"]) else None
+            low = a["low"] / b["high"] if a["low"] is not None and b["high"] not in (None, 0) else None
+            high = a["high"] / b["low"] if a["high"] is not None and b["low"] not in (None, 0) else None
+            comp.ratios.append({"name": f"{m.unit.optimizer}/{baseline.unit.optimizer}", "ratio": ratio, "low": low,
+                                "high": high, "extrapolated": a["extrapolated"] or b["extrapolated"],
+                                "numerator": m, "denominator": baseline})
+        figure = compare_workloads_figure([m.curve for m in members], fits=[m.fit for m in members],
+                                          title=f"{base} [{group}]: steps to result, normalised at each curve's B0")
+        comp.figure = FigureOut(
+            _slug(f"{base}-{group}-compare"),
+            "Steps to result of each optimizer divided by its own steps at its B0 (its smallest reached batch "
+            "size), with the fits: the shapes compare, not the absolute steps.",
+            f"optimizers of {base} compared, normalised", render(figure))
+        out.append(comp)
+    return out
+
+
+def _slug(text: str) -> str:
+    import re
+
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()
+
+
+def nqm_section(results: list[UnitResult], comparisons: list[Comparison]) -> dict:
+    """Draw the exact NQM prediction (``batchlab.report.nqm.predict``) beside each analysed curve,
+    scaled to the measured steps at the curve's B0 (shape only), and add the NQM B_crit ratios to the
+    comparisons. Returns ``{"predictions": {optimizer: dict | None}, "notes": [...]}``."""
+    try:
+        from batchlab.report import nqm
+    except ImportError as exc:
+        raise BatchlabError(f"--nqm needs batchlab.report.nqm, which cannot be imported here ({exc})") from None
+    from batchlab.analysis.curve import StepsCurve
+    from batchlab.plots.shallue import steps_to_result_figure
+
+    analysed = [r for r in results if r.status == "analysed" and r.curve is not None]
+    optimizers = sorted({r.unit.optimizer for r in analysed})
+    sizes = sorted({int(b) for r in analysed for b in r.curve.batch_sizes})
+    predictions = nqm.predict(optimizers, sizes) if optimizers else {}
+    notes = []
+    for r in analysed:
+        p = predictions.get(r.unit.optimizer)
+        if p is None:
+            reason = nqm.unsupported_reason(r.unit.optimizer)
+            r.notes.append(f"NQM: no prediction for {r.unit.optimizer}: {reason}")
+            continue
+        b_pred = {int(b): float(s) for b, s in zip(p.batch_sizes, p.steps)}
+        b, s = r.curve.reached_arrays()
+        b0 = float(r.fit.b0) if r.fit is not None else float(b[0])
+        s0 = float(s[list(b).index(b0)]) if b0 in list(b) else float(s[0])
+        if not math.isfinite(b_pred.get(int(b0), math.nan)):
+            r.notes.append(f"NQM: the prediction for {r.unit.optimizer} does not reach its target at B0 = {b0:g}; "
+                           "not drawn")
+            continue
+        scale = s0 / b_pred[int(b0)]
+        points = [(bb, max(1, round(v * scale)) if math.isfinite(v) else None) for bb, v in sorted(b_pred.items())]
+        nqm_curve = StepsCurve.from_points(points, label=f"NQM {p.algorithm} (scaled at B0={b0:g})")
+        figure = steps_to_result_figure([r.curve, nqm_curve], fits=[r.fit, None], regimes=False, brackets=True,
+                                        title=f"{r.unit.workload}: measured and NQM (shape only)")
+        r.figures.append(FigureOut(
+            _fig_id(r, "nqm"),
+            f"Measured steps to result and the exact NQM prediction for {p.algorithm} on {p.problem} "
+            f"({p.target}), the NQM curve multiplied by one factor so that it equals the measured steps at "
+            f"B0 = {b0:g} (shape only: its scale is not compared). NQM B_crit = {num(p.b_crit)}"
+            f"{' (extrapolated)' if p.b_crit_extrapolated else ''}, fitted over the NQM's own batch sizes "
+            f"{_size_range(p.b_crit_batch_sizes)}, not the measured ones."
+            + (f" NQM steps at B = {', '.join(f'{int(x):g}' for x in edge)} are upper bounds (best learning rate "
+               "at the edge of the NQM's grid)." if (edge := [b for b, e in zip(p.batch_sizes, p.grid_edge) if e])
+               else ""),
+            f"measured vs NQM steps to result, {r.unit.name}", render(figure)))
+        for bb, v in points:
+            r.rows.append(Row(r.key, "nqm", bb, "nqm_steps_scaled", v, None, None, f"scaled at B0={b0:g}"))
+        r.rows.append(Row(r.key, "nqm", None, "nqm_b_crit", _finite(p.b_crit), None, None,
+                          p.problem + (" (extrapolated)" if p.b_crit_extrapolated else "")))
+        r.nqm_b_crit = p.b_crit
+    for comp in comparisons:
+        for ratio in comp.ratios:
+            pa = predictions.get(ratio["numerator"].unit.optimizer)
+            pb = predictions.get(ratio["denominator"].unit.optimizer)
+            if pa is not None and pb is not None and pa.b_crit and pb.b_crit:
+                ratio["nqm"] = pa.b_crit / pb.b_crit
+                ratio["nqm_extrapolated"] = bool(pa.b_crit_extrapolated or pb.b_crit_extrapolated)
+    return {"predictions": {k: (None if v is None else v.to_dict()) for k, v in predictions.items()}, "notes": notes}
+
+
+def _size_range(sizes) -> str:
+    """``B = lo..hi`` of a sequence of batch sizes (``B = ?`` when empty)."""
+    sizes = [int(b) for b in sizes]
+    return f"B = {min(sizes)}..{max(sizes)}" if sizes else "B = ?"
+
+
+def read_steps_tables(paths) -> list[tuple[str, object, str | None]]:
+    """Read and check every steps table before anything is computed: ``(path, frame, group column)``.
+    The group column is the first of ``optimizer``, ``group``, ``label``, ``workload`` the table has."""
+    from batchlab.analysis.steps_table import read_steps_table
+
+    out = []
+    for path in paths:
+        frame = read_steps_table(path)
+        columns = frame.attrs.get("columns", list(frame.columns))
+        group = next((c for c in ("optimizer", "group", "label", "workload") if c in columns), None)
+        out.append((str(path), frame, group))
+    return out
+
+
+def steps_table_section(path: str, frame, group: str | None) -> dict:
+    """Fit and draw one steps table (:func:`batchlab.analysis.steps_table.steps_table_curves`)."""
+    from pathlib import Path
+
+    from batchlab.analysis.critical_batch_size import fit_steps_curve, summarize_curve
+    from batchlab.analysis.steps_table import steps_table_curves
+    from batchlab.plots.shallue import steps_to_result_figure
+
+    name = f"steps table {Path(path).name}"
+    curves = steps_table_curves(frame, group_by=group, label=Path(path).stem)
+    rows, csv_rows, drawn, fits, warnings = [], [], [], [], []
+    for key, curve in curves:
+        label = curve.label
+        try:
+            summary = summarize_curve(curve, tolerance=TOLERANCE)
+        except BatchlabError as exc:
+            rows.append([label, "-", "-", "-", "-", str(exc)])
+            if curve.reached_arrays()[0].size:
+                drawn.append(curve)
+                fits.append(None)
+            continue
+        named = summary["critical_batch_sizes"]
+        drawn.append(curve)
+        fits.append(fit_steps_curve(curve))
+        bc = named["mccandlish_b_crit"]["value"]
+        rows.append([label, num(bc) + (" (extrapolated)" if summary["extrapolated"] else ""),
+                     num(named["perfect_scaling_end"]["value"]), num(named["maximal_parallelism_start"]["value"]),
+                     num(summary["fit"]["s_min"]), "; ".join(summary["warnings"])])
+        for d_name, entry in named.items():
+            csv_rows.append(Row(name, "steps_table", None, f"{label}: {d_name}", _finite(entry["value"]), None, None,
+                                "extrapolated" if d_name == "mccandlish_b_crit" and summary["extrapolated"] else
+                                (entry.get("reason") or "")))
+        for b, s in zip(curve.batch_sizes, curve.steps):
+            csv_rows.append(Row(name, "steps_table", b, f"{label}: steps", s))
+        warnings.extend(f"{label}: {w}" for w in summary["warnings"])
+    figure = None
+    if drawn:
+        fig = steps_to_result_figure(drawn, fits=fits, regimes=len(drawn) == 1, title=name)
+        figure = FigureOut(_slug(f"steps-table-{Path(path).name}"),
+                           f"Steps to result from {Path(path).name} (external; grouped by {group or 'nothing'}), "
+                           "fitted and drawn as the measured curves are.", f"steps to result, {name}", render(fig))
+    return {"name": name, "path": path, "group": group, "table": Table(
+        f"Fits of {Path(path).name}", ["curve", "B_crit", "perfect scaling end (data)", "maximal parallelism start (data)",
+                                        "S_min (fit)", "warnings"], rows), "figure": figure, "rows": csv_rows,
+        "warnings": warnings}
+
+
+def summary_line(r: UnitResult, with_group: bool = False) -> str:
+    """The printed line of one unit (``report`` summary); ``with_group`` names its study group (when
+    the workload has more than one unit)."""
+    head = f"{r.unit.base} {r.unit.optimizer}"
+    if with_group:
+        head += f" [{r.unit.group}]"
+    if r.status == "skipped":
+        return f"{head}: {r.reason}"
+    if r.status == "unreached":
+        return f"{head}: no goal reached ({r.goal_text} at none of {len(r.results)} batch sizes)"
+    if r.b_crit is None:
+        n = sum(1 for x in r.results if x.reached)
+        return f"{head}: no B_crit (goal reached at {n} batch size{'s' if n != 1 else ''}; a fit needs two)"
+    bc = r.b_crit
+    text = f"{head}: B_crit {num(bc['value'])} [{_side(bc['low'], '0')}, {_side(bc['high'], 'inf')}]"
+    extra = [f"{bc['level']:.0%}", f"fit of {bc['n_points']} batch sizes"]
+    tail = []
+    if bc["ps_end"] is not None:
+        tail.append(f"perfect scaling to B={num(bc['ps_end'])}")
+    elif bc.get("ps_beyond") is not None:
+        tail.append(f"perfect scaling beyond B={num(bc['ps_beyond'])}")
+    if bc["extrapolated"]:
+        tail.append("extrapolated")
+    return f"{text} ({', '.join(extra)}" + (f"; {'; '.join(tail)}" if tail else "") + ")"
+
+
+def _side(value, unbounded: str) -> str:
+    return unbounded if value is None else num(value)

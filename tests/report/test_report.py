@@ -1,0 +1,171 @@
+"""``batchlab.report``: the page, the CSV and the summary from small real stores (synthetic trials
+published through the store API; tests/report/report_fixtures.py)."""
+
+import csv
+from html import unescape
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report_fixtures import E, GOAL, SWEEP, publish, unit_trials  # noqa: E402
+
+from batchlab.errors import BatchlabError  # noqa: E402
+
+SGD, MOM, ADAM = "mnist/fc_64_64_64/sgd", "mnist/fc_64_64_64/momentum", "mnist/fc_64_64_64/adam"
+SIZES = (8, 32, 128)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    from batchlab.report.build import build_report
+
+    root = tmp_path_factory.mktemp("report")
+    trials = (unit_trials(SGD, SIZES, 16) + unit_trials(MOM, SIZES, 64)
+              + unit_trials(ADAM, SIZES, 64, trials=2, budget=200, reach=False))
+    store = publish(root / "store", trials)
+    summary = build_report(store, root / "r.html", n_boot=20)
+    html = (root / "r.html").read_text()
+    rows = list(csv.DictReader((root / "r.csv").open()))
+    return store, summary, html, rows
+
+
+def test_summary_lines_name_each_unit_and_the_ratio(built):
+    _, summary, _, _ = built
+    lines = summary["lines"]
+    assert lines[0] == "mnist/fc_64_64_64 adam: no goal reached (val/classification_error < 0.03 at none of 3 batch sizes)"
+    assert re.match(r"mnist/fc_64_64_64 momentum: B_crit \S+ \[\S+, \S+\] \(90%, fit of 3 batch sizes", lines[1])
+    assert re.match(r"mnist/fc_64_64_64 sgd: B_crit \S+ \[\S+, \S+\] \(90%, fit of 3 batch sizes", lines[2])
+    assert re.match(r"mnist/fc_64_64_64: momentum/sgd B_crit ratio \S+$", lines[3])
+    assert len(lines) == 4
+
+
+def test_page_is_self_contained_with_every_figure_in_a_figure_element(built):
+    _, _, html, _ = built
+    ids = re.findall(r'<img data-figure="([^"]+)" alt="[^"]+" src="data:image/png;base64,', html)
+    for unit in ("sgd", "momentum"):
+        for kind in ("steps", "metaparameters", "best-measurement"):
+            assert f"mnist-fc-64-64-64-{unit}-sweep-{SWEEP}-{kind}" in ids
+    assert f"mnist-fc-64-64-64-momentum-sweep-{SWEEP}-lr-momentum" in ids
+    assert f"mnist-fc-64-64-64-sweep-{SWEEP}-compare" in ids
+    assert len(ids) == len(set(ids)) == html.count("<figure>") == html.count("<figcaption>")
+    assert '<a href="r.csv">' in html
+    assert "<script" not in html.lower() and "http://" not in html and "https://" not in html
+    # the unreached unit still has its section, which says so
+    assert "mnist/fc_64_64_64/adam [sweep" in html and "no goal reached" in html
+    assert "no learning-rate/momentum scatter: the optimizer has no momentum parameter" in html
+    assert "Learning-rate scaling verdict" in html and "What was run" in html and "batchlab version" in html
+    assert html.count("trials published: 20") == 3  # every unit says when its trials were published
+
+
+def test_csv_numbers_are_the_analysis_numbers(built):
+    from batchlab.analysis.bootstrap import critical_batch_size_with_intervals
+    from batchlab.analysis.selection import Selection
+    from batchlab.analysis.steps_to_result import steps_to_result
+    from batchlab.store import Store
+
+    store, summary, _, rows = built
+    con = Store.open(store).connect()
+    try:
+        for workload in (SGD, MOM):
+            unit = f"{workload} [sweep {SWEEP}]"
+            mine = {(r["quantity"], r["batch_size"]): r for r in rows if r["unit"] == unit}
+            estimate = critical_batch_size_with_intervals(
+                con, Selection(workload, E, GOAL, studies=(SWEEP,)), n_boot=20, level=0.9, seed=0).to_dict()
+            b_crit = estimate["critical_batch_sizes"]["mccandlish_b_crit"]
+            row = mine[("mccandlish_b_crit", "")]
+            assert float(row["value"]) == pytest.approx(b_crit["value"], rel=1e-12)
+            assert float(row["lower"]) == pytest.approx(b_crit["low"], rel=1e-12)
+            assert float(row["upper"]) == pytest.approx(b_crit["high"], rel=1e-12)
+            for r in steps_to_result(con, workload, E, GOAL, studies=(SWEEP,)):
+                if r.reached:
+                    got = mine[("steps", str(r.batch_size))]
+                    assert (int(got["value"]), int(got["lower"])) == (r.steps, r.steps_lower)
+                assert int(mine[("n_trials", str(r.batch_size))]["value"]) == r.n_trials
+    finally:
+        con.close()
+    units = {u["unit"]: u for u in summary["units"]}
+    assert units[f"{ADAM} [sweep {SWEEP}]"]["status"] == "unreached"
+    assert {r["section"] for r in rows} >= {"steps_to_result", "critical_batch_size", "fit", "metaparameters",
+                                            "verdict", "best_measurement", "comparison"}
+
+
+def test_units_follow_the_sweep_rule_and_never_pool_settings(tmp_path):
+    from batchlab.report.units import find_units
+    from batchlab.store import Store
+
+    # a sweep whose B=8 study grew a round: only round 1 is analysed there
+    trials = unit_trials(SGD, (8, 32), 16, trials=2)
+    publish(tmp_path / "s", trials)
+    grown = [dict(t, trial_id=t["trial_id"] + 100000) for t in unit_trials(SGD, (8,), 16, trials=2, budget=8000)]
+    from batchlab.store import TrialRecord, publish_trials
+    from batchlab.store.studies import make_study_definition
+
+    store = Store.open(tmp_path / "s")
+    records = []
+    for t in grown:
+        d = make_study_definition(workload=SGD, batch_size=8, train_steps=8000, stop_rule={"metric": E, "goal": GOAL,
+                                  "maximize": False}, seed=0, sweep=SWEEP, budget_round=1)
+        records.append(TrialRecord(SGD, 8, t["trial_id"], f"g{t['trial_id']}", t["parameters"], t["status"],
+                                   max(s for s, _ in t["rows"]),
+                                   measurements=[(s, m, v) for s, vals in t["rows"] for m, v in vals.items()],
+                                   study_definition=d))
+    # and two `train`-like studies at B=64 with other budgets (no sweep): split into one unit each
+    for i, budget in enumerate((300, 600)):
+        d = make_study_definition(workload=SGD, batch_size=64, train_steps=budget, seed=i, source="batchlab")
+        records.append(TrialRecord(SGD, 64, 200 + i, f"t{i}", {"learning_rate": 0.1}, "COMPLETE", budget,
+                                   measurements=[(budget, E, 0.01)], study_definition=d))
+    publish_trials(store, records)
+    con = store.connect()
+    try:
+        units = find_units(con)
+    finally:
+        con.close()
+    groups = sorted(u.group for u in units)
+    assert groups[-1] == f"sweep {SWEEP}" and sum(g.startswith("study ") for g in groups) == 2
+    sweep = next(u for u in units if u.group == f"sweep {SWEEP}")
+    assert sorted(sweep.batch_study) == [8, 32]
+    assert sweep.definitions[sweep.batch_study[8]]["budget_round"] == 1
+    assert len(sweep.skipped_studies) == 1 and "budget round 0" in next(iter(sweep.skipped_studies.values()))
+
+
+def test_raced_studies_render_and_say_what_the_analysis_refuses(tmp_path):
+    from batchlab.report.build import build_report
+
+    store = publish(tmp_path / "store", unit_trials(MOM, SIZES, 64, trials=6), race=True)
+    summary = build_report(store, tmp_path / "raced.html", n_boot=10)
+    html = unescape((tmp_path / "raced.html").read_text())
+    unit = summary["units"][0]
+    assert unit["status"] == "analysed" and unit["b_crit"] is not None
+    raced = sum(v.get("RACED", 0) for v in unit["trials_by_batch_size"].values())
+    assert raced > 0 and "RACED" in html
+    # budgets beyond a raced trial's stop are refused in words; the largest budget within every raced
+    # curve is added and drawn
+    assert "refused by the analysis" in html and "the largest within every raced trial" in html
+    assert f'data-figure="mnist-fc-64-64-64-momentum-sweep-{SWEEP}-best-measurement"' in html
+
+
+def test_bad_inputs_are_one_line_errors_and_write_nothing(tmp_path, built):
+    from batchlab.report.build import build_report
+    from batchlab.store import Store
+
+    store = built[0]
+    empty = tmp_path / "empty"
+    Store.open(empty, create=True)
+    unreached = publish(tmp_path / "unreached", unit_trials(SGD, SIZES, 16, trials=2, budget=100, reach=False))
+    cases = [
+        (empty, tmp_path / "a.html", "holds no trials"),
+        (unreached, tmp_path / "a.html", "no unit of store"),
+        (store, tmp_path / "a.htm", "must end in .html"),
+        (store, tmp_path / "missing" / "a.html", "does not exist"),
+        (tmp_path / "nostore", tmp_path / "a.html", "no batchlab store"),
+    ]
+    with pytest.raises(BatchlabError, match="--bootstrap must be an integer >= 1"):
+        build_report(store, tmp_path / "a.html", n_boot=0)
+    for src, out, message in cases:
+        with pytest.raises(BatchlabError, match=re.escape(message)) as info:
+            build_report(src, out, n_boot=1)
+        assert "\n" not in str(info.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "unreached"]
