@@ -41,6 +41,7 @@ LAZY_COMMANDS = {
     "study": "batchlab.cli.train",
     "sweep": "batchlab.cli.sweep",
     "report": "batchlab.cli.report",
+    "predict": "batchlab.cli.predict",
     "nqm": "batchlab.cli.nqm",
     "store": "batchlab.cli.store",
     "import": "batchlab.cli.store",

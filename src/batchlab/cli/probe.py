@@ -1,8 +1,9 @@
 """Command group ``batchlab probe``: measurements at checkpoints of one reference run.
 
-``noise-scale`` (the gradient noise scale, :mod:`batchlab.probes.noise_scale`) and ``spectrum`` (top
+``noise-scale`` (the gradient noise scale, :mod:`batchlab.probes.noise_scale`), ``spectrum`` (top
 Hessian or Gauss-Newton eigenvalues and, with ``--density``, the spectral density,
-:mod:`batchlab.probes.spectrum`). Both train one reference run with batchlab's own trial machinery
+:mod:`batchlab.probes.spectrum`) and ``branched`` (the branched critical batch size: short branches at
+k·B from each checkpoint, :mod:`batchlab.probes.branched`; resumable with ``--out DIR``). All train one reference run with batchlab's own trial machinery
 (:func:`batchlab.probes.reference.reference_checkpoints`: the run ``batchlab train`` makes with the same
 workload, optimizer, batch size, hyperparameters and seed) and measure at each ``--steps-at`` step on
 fixed probe batches of training examples (:func:`batchlab.probes.reference.probe_batches`). Defaults:
@@ -21,7 +22,8 @@ from batchlab.cli import options as opt
 from batchlab.cli.output import emit_json, fmt, note, print_table
 from batchlab.errors import BatchlabError
 
-probe_app = typer.Typer(help="Probes at checkpoints of one reference run: gradient noise scale, curvature spectrum.",
+probe_app = typer.Typer(help="Probes at checkpoints of one reference run: gradient noise scale, curvature spectrum, "
+                             "branched critical batch size.",
                         no_args_is_help=True)
 
 #: The default ``--steps-at`` and ``--optimizer``.
@@ -88,9 +90,12 @@ def _reference(workload: str, steps_at: str, optimizer: str, batch_size: Optiona
     batch = w.default_batch_size if batch_size is None else batch_size
     checkpoints = reference_checkpoints(w, optimizer, batch, hyperparameters, wanted, seed=seed,
                                         train_examples=train_examples, steps=steps, device=device)
-    per_batch = batch if probe_batch_size is None else probe_batch_size
     if examples is None:
         examples = min(DEFAULT_EXAMPLES, checkpoints.num_train)
+    if probe_batch_size is not None and probe_batch_size > examples:
+        raise BatchlabError(f"--probe-batch-size ({probe_batch_size}) must not exceed the probe examples "
+                            f"(--examples {examples})")
+    per_batch = min(batch, examples) if probe_batch_size is None else probe_batch_size  # the size used
     label_smoothing = float(hyperparameters.get("label_smoothing") or 0.0)
     probes = probe_batches(w, examples, per_batch, seed, train_examples=train_examples, data_seed=seed,
                            label_smoothing=label_smoothing, device=resolve_device(device))
@@ -258,9 +263,116 @@ def _spectrum_table(rows: list[dict], settings: dict) -> None:
                 f"lr={fmt(settings['learning_rate'])}",
                 ["step", "batch loss", ("eigenvalues (decreasing)", "left"), "matvecs", "converged", "density matvecs"],
                 table, caption=f"{rows[0]['examples'] if rows else 0} probe examples; one matvec = one "
-                               "Hessian-vector product over all of them (about two gradients' cost)")
+                               "curvature-vector product over all of them (a few gradients' cost: docs/methods.md, \"Probes\")")
 
 
 def register(app: typer.Typer) -> None:
     """Add the ``probe`` command group to the main app."""
     app.add_typer(probe_app, name="probe")
+
+
+BRANCHED_JSON = opt.json_option(
+    "One JSON object per checkpoint: step, learning_rate, reference_loss, critical_batch_size, interval (low, high, "
+    "method), reference_repeats, reference_sigma, branches (per multiplier: batch_size, steps, examples, factor, learning_rate, loss, ratio, passed, "
+    "tried), warmup_batch_size (the suggested warmup from that step on), examples_processed and the settings.")
+
+
+@probe_app.command("branched")
+def branched_command(
+    workload: opt.Workload,
+    steps_at: StepsAt = DEFAULT_STEPS_AT,
+    optimizer: ProbeOptimizer = DEFAULT_OPTIMIZER,
+    batch_size: ProbeBatchSize = None,
+    learning_rate: LearningRate = None,
+    hparam: Hparam = None,
+    multipliers: Annotated[str, typer.Option(
+        "--multipliers", metavar="K1,K2,...",
+        help="Branch batch sizes k·B (strictly increasing integers >= 1; 1, the reference, is always measured).")
+    ] = "1,2,4,8,16,32",
+    rule: Annotated[Optional[str], typer.Option(
+        "--rule", help="Learning rate of the k·B branch: linear (lr·k), sqrt (lr·sqrt(k)) or tuned (best of "
+                       "lr·k^a, a in 0, 1/4, 1/2, 3/4, 1). Default: sqrt for adam/adamw, else linear.")] = None,
+    window: Annotated[Optional[int], typer.Option(
+        "--window", help="Training examples every branch processes (the k·B branch takes window // (k·B) updates; "
+                         "default: 64 reference steps' worth, 64·B).")] = None,
+    tolerance: Annotated[float, typer.Option(
+        "--tolerance", help="A branch passes when its probe loss is at most (1 + tolerance) times the reference's "
+                            "(relative; default 0.01).")] = 0.01,
+    examples: Examples = None,
+    probe_batch_size: ProbeBatch = None,
+    seed: Seed = 0,
+    train_examples: TrainExamples = None,
+    steps: Budget = None,
+    out: Annotated[Optional[str], typer.Option(
+        "--out", metavar="DIR", help="Keep every finished branch in DIR/branched.json; a rerun resumes from it.")
+    ] = None,
+    workers: Annotated[int, typer.Option("--workers", help="Processes running branches in parallel.")] = 1,
+    noise_repeats: Annotated[int, typer.Option(
+        "--noise-repeats", help="Repeat the reference branch with N other batch orders: the interval becomes the "
+                                "range of k·B consistent with that spread (seed_spread; 0: the bracket between the "
+                                "last passing and first failing k·B).")] = 0,
+    device: opt.Device = "auto",
+    json_output: BRANCHED_JSON = False,
+) -> None:
+    """The branched critical batch size (branches at k·B from checkpoints of one reference run) and a warmup."""
+    from batchlab.cli.train import parse_hparams
+    from batchlab.optim import optimizer_defaults
+    from batchlab.probes.branched import branched_critical_batch_size, warmup_schedule
+    from batchlab.probes.reference import ADAM_LIKE, check_steps_at
+    from batchlab.train.device import check_device
+    from batchlab.workloads import resolve_workload
+
+    wanted = check_steps_at(opt.parse_csv(steps_at, "--steps-at", int))
+    ks = opt.parse_csv(multipliers, "--multipliers", int)
+    device = check_device(device)
+    w = resolve_workload(workload)
+    defaults = optimizer_defaults(optimizer)  # unknown optimizer: one line naming the closest
+    extra = parse_hparams(hparam)
+    if "learning_rate" in extra:
+        raise BatchlabError("set learning_rate with --learning-rate, not --hparam")
+    hyperparameters: dict[str, Any] = {"learning_rate": defaults["learning_rate"] if learning_rate is None
+                                       else learning_rate, **extra}
+    batch = w.default_batch_size if batch_size is None else batch_size
+    chosen_rule = rule if rule is not None else ("sqrt" if optimizer in ADAM_LIKE else "linear")
+
+    def progress(step: int, k: int, factor: float, loss: float) -> None:
+        if not json_output:
+            note(f"step {step}: branch k={k} lr factor {fmt(factor)}: loss {fmt(loss)}")
+
+    result = branched_critical_batch_size(
+        workload, optimizer, batch, hyperparameters, wanted, multipliers=ks, rule=chosen_rule, window=window,
+        tolerance=tolerance, seed=seed, train_examples=train_examples, steps=steps, probe_examples=examples,
+        probe_batch_size=probe_batch_size, device=device, out=out, workers=workers, noise_repeats=noise_repeats,
+        progress=progress)
+    schedule = dict(warmup_schedule(result))
+    settings = {**result.settings, "learning_rate": float(hyperparameters["learning_rate"])}
+    rows, current = [], None
+    for point in result.checkpoints:
+        current = schedule.get(point.step, current)
+        row = {"step": point.step, "workload": settings["workload"], "optimizer": settings["optimizer"],
+               **point.to_dict(), "warmup_batch_size": current, "examples_processed": result.examples_processed,
+               "computed": result.computed, "settings": settings}
+        if json_output:
+            emit_json(row)
+        rows.append(row)
+    if not json_output:
+        _branched_table(rows, settings)
+
+
+def _branched_table(rows: list[dict], settings: dict) -> None:
+    ks = settings["multipliers"]
+    columns = ["step", "lr", "reference loss", *[f"k={k} ratio" for k in ks[1:]], "critical B", "interval", "warmup B"]
+    table = []
+    for r in rows:
+        ratios = [("inf" if b["ratio"] is None else f"{b['ratio']:.4f}") + ("" if b["passed"] else " x")
+                  for b in r["branches"][1:]]
+        high = r["interval"]["high"]
+        table.append([r["step"], fmt(r["learning_rate"]), fmt(r["reference_loss"]), *ratios, r["critical_batch_size"],
+                      f"[{r['interval']['low']}, {'inf' if high is None else high})", r["warmup_batch_size"]])
+    method = rows[0]["interval"]["method"] if rows else "bracket"
+    print_table(f"branched critical batch size, {settings['workload']} {settings['optimizer']} B={settings['batch_size']} "
+                f"lr={fmt(settings['learning_rate'])} rule={settings['rule']}", columns, table,
+                caption=f"ratio = branch loss / reference loss after {settings['window']} examples on "
+                        f"{settings['probe_examples']} probe examples (x: above 1 + {fmt(settings['tolerance'])}); "
+                        f"interval: {method}; "
+                        f"{rows[0]['examples_processed'] if rows else 0} training examples processed")

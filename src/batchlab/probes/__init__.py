@@ -9,6 +9,14 @@
   DistributedDataParallel).
 * :mod:`batchlab.probes.spectrum`: top Hessian / Gauss-Newton eigenvalues and a spectral density by
   Lanczos on Hessian-vector products.
+* :mod:`batchlab.probes.branched`: the branched critical batch size: short branches at k·B from
+  checkpoints of a reference run, the local critical batch size with an interval, and a batch-size
+  warmup built from it (:func:`branched_critical_batch_size`, :func:`warmup_schedule`).
+* :mod:`batchlab.probes.calibrated`: an NQM problem for batchlab's exact engine built from a model's
+  measured curvature and gradient noise, and its predicted steps and critical batch sizes
+  (:func:`calibrated_problem`, :func:`predict_steps`).
+* :mod:`batchlab.probes.predict`: every predictor's critical batch size for a workload beside the one
+  measured in a store, with the ratio and the compute (:func:`predict`; ``batchlab predict``).
 * :mod:`batchlab.probes.reference`: checkpoints of a reference run with batchlab's trial machinery,
   and fixed probe batches of a workload's training data.
 
@@ -26,6 +34,22 @@ _LAZY = {
     "noise_scale": "noise_scale",
     "adam_preconditioner": "noise_scale",
     "NoiseScaleTracker": "tracker",
+    "Spectrum": "spectrum",
+    "SpectralDensity": "spectrum",
+    "top_eigenvalues": "spectrum",
+    "spectral_density": "spectrum",
+    "reference_checkpoints": "reference",
+    "probe_batches": "reference",
+    "Checkpoint": "reference",
+    "BranchedResult": "branched",
+    "branched_critical_batch_size": "branched",
+    "branched_on_nqm": "branched",
+    "warmup_schedule": "branched",
+    "calibrated_problem": "calibrated",
+    "predict_steps": "calibrated",
+    "CalibratedCurve": "calibrated",
+    "matching_fraction": "calibrated",
+    "predict": "predict",
 }
 
 

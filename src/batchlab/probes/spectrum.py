@@ -21,9 +21,10 @@ Contract (docs/methods.md, "Probes"):
     vector-Jacobian product.
 
 * **Cost.** One *matrix-vector product* (``matvecs``) is one product with the whole matrix: one pass
-  over all ``N`` probe examples. A Hessian-vector product costs about two gradient evaluations on the
-  same examples (forward-over-reverse: a forward pass, a backward pass and their tangents), a
-  Gauss-Newton product about the same (a forward pass with tangents and a backward pass). Every
+  over all ``N`` probe examples. A Hessian-vector product is a forward pass, a backward pass and their
+  tangents (forward-over-reverse), a Gauss-Newton product a forward pass with tangents and a backward
+  pass; measured on mnist/fc_64_64_64 with 512 examples on the CPU they cost 4.6 and 3.9 gradient
+  evaluations on the same examples (docs/methods.md, "Probes"). Every
   result reports the number of products it used, counted as they are made.
 * **Top eigenvalues** (:func:`top_eigenvalues`): the ``k`` algebraically largest eigenvalues by the
   implicitly restarted Lanczos method (``scipy.sparse.linalg.eigsh``, ``which="LA"``) on a

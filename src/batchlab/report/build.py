@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchlab.atomic import temporary_path
 from batchlab.errors import BatchlabError
 
 
@@ -40,10 +41,18 @@ def check_out_path(out: str | Path) -> tuple[Path, Path]:
     if out.suffix.lower() != ".html":
         raise BatchlabError(f"--out {str(out)!r} must end in .html (the CSV is written beside it as .csv)")
     parent = out.parent
+    if parent.exists() and not parent.is_dir():
+        raise BatchlabError(f"--out {str(out)!r}: {str(parent)!r} is not a directory")
     if not parent.is_dir():
         raise BatchlabError(f"--out {str(out)!r}: the directory {str(parent)!r} does not exist (create it first)")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise BatchlabError(f"--out {str(out)!r}: the directory {str(parent)!r} is not writable")
+    # os.access says yes to root everywhere (and knows nothing of read-only or virtual file systems):
+    # create and remove a temporary file there, before any analysis runs
+    probe = temporary_path(out)
+    try:
+        probe.touch(exist_ok=False)
+        probe.unlink()
+    except OSError as exc:
+        raise BatchlabError(f"--out {str(out)!r}: cannot write in {str(parent)!r} ({exc.strerror or exc})") from None
     table = out.with_suffix(".csv")
     for path in (out, table):
         if path.is_dir():
@@ -51,6 +60,25 @@ def check_out_path(out: str | Path) -> tuple[Path, Path]:
         if path.exists() and not os.access(path, os.W_OK):
             raise BatchlabError(f"--out {str(out)!r}: {str(path)!r} exists and is not writable")
     return out, table
+
+
+def _write_both(page_path: Path, page_text: str, csv_path: Path, csv_body: str) -> None:
+    """Write the page and its CSV together: both under temporary names beside them, then both renamed
+    (the CSV first), so an error while writing leaves the previous page and CSV (or none) as they were.
+    An error that cannot be written is one line (:class:`BatchlabError`)."""
+    temporaries = []
+    try:
+        for path, body in ((csv_path, csv_body), (page_path, page_text)):
+            tmp = temporary_path(path)
+            temporaries.append((tmp, path))
+            tmp.write_bytes(body.encode("utf-8"))
+        for tmp, path in temporaries:
+            os.replace(tmp, path)
+    except OSError as exc:
+        raise BatchlabError(f"cannot write the report {str(page_path)!r}: {exc.strerror or exc}") from None
+    finally:
+        for tmp, _ in temporaries:
+            tmp.unlink(missing_ok=True)
 
 
 def _commit_times(store: Path) -> tuple[float | None, float | None]:
@@ -154,7 +182,6 @@ def build_report(store: str | Path, out: str | Path, *, nqm: bool = False, steps
     """Write the report of ``store`` to ``out`` (``.html``) and its CSV beside it; return the summary
     ``{"report", "table", "lines", "units", "comparisons", ...}`` (what ``batchlab report`` prints)."""
     from batchlab import __version__
-    from batchlab.atomic import write_stream_atomic
     from batchlab.report import content
     from batchlab.report.csv import csv_text
     from batchlab.report.html import page
@@ -197,13 +224,16 @@ def build_report(store: str | Path, out: str | Path, *, nqm: bool = False, steps
     rows = [row for r in results for row in r.rows]
     for comp in comparisons:
         for ratio in comp.ratios:
+            span = (f"range from the two {level:.0%} intervals: covers at least "
+                    f"{max(0.0, 1 - 2 * (1 - level)):.0%} (Bonferroni)")
             rows.append(content.Row(f"{comp.base} [{comp.group}]", "comparison", None,
                                     f"b_crit_ratio {ratio['name']}", ratio["ratio"], ratio["low"], ratio["high"],
-                                    "extrapolated" if ratio["extrapolated"] else ""))
+                                    span + ("; extrapolated" if ratio["extrapolated"] else "")))
             if ratio.get("nqm") is not None:
                 rows.append(content.Row(f"{comp.base} [{comp.group}]", "comparison", None,
                                         f"nqm_b_crit_ratio {ratio['name']}", ratio["nqm"], None, None,
-                                        "extrapolated" if ratio.get("nqm_extrapolated") else ""))
+                                        "NQM problem's own units: only the ordering is a prediction"
+                                        + ("; extrapolated" if ratio.get("nqm_extrapolated") else "")))
     for section in table_sections:
         rows.extend(section["rows"])
 
@@ -243,13 +273,7 @@ def build_report(store: str | Path, out: str | Path, *, nqm: bool = False, steps
     report = ReportData(store_name=store.name or str(store), csv_name=csv_path.name, header=header,
                         settings_table=_settings(units), units=results, comparisons=comparisons, lines=lines,
                         level=level, nqm=nqm_info, steps_tables=table_sections)
-    text = page(report)
-    write_stream_atomic(csv_path, lambda h: h.write(csv_text(rows).encode("utf-8")), durable=False)
-    try:
-        write_stream_atomic(page_path, lambda h: h.write(text.encode("utf-8")), durable=False)
-    except BaseException:
-        csv_path.unlink(missing_ok=True)
-        raise
+    _write_both(page_path, page(report), csv_path, csv_text(rows))
     return {
         "report": str(page_path),
         "table": str(csv_path),

@@ -229,9 +229,9 @@ def _fit_and_figure(con, out: UnitResult, selection, n_boot: int, level: float, 
         rows = []
         for d in REGISTRY:
             entry = named[d.name]
-            extrapolated = (d.source == "fit" and summary["extrapolated"] and d.name == "mccandlish_b_crit")
             reason = entry.get("reason") or ""
-            note = "extrapolated: outside the measured range" if extrapolated else reason
+            note = beyond_measured(entry, summary["fit"]) if d.source == "fit" else ""
+            note = note or reason
             if d.source == "data" and entry.get("value") is None and entry.get("lower_bound") is not None:
                 note = f"{reason} (> {num(entry['lower_bound'])})"
             rows.append([d.name, d.source, num(entry["value"]),
@@ -259,7 +259,8 @@ def _fit_and_figure(con, out: UnitResult, selection, n_boot: int, level: float, 
         out.b_crit = {"value": b_crit["value"] if b_crit["value"] is not None else (math.inf if estimate.fit.b_crit > 0 else 0.0),
                       "low": b_crit["low"], "high": b_crit["high"], "extrapolated": bool(summary["extrapolated"]),
                       "n_points": summary["points_used"], "ps_end": ps.get("value"),
-                      "ps_beyond": ps.get("lower_bound") if ps.get("value") is None else None, "level": level}
+                      "ps_beyond": ps.get("lower_bound") if ps.get("value") is None else None, "level": level,
+                      "poor_fit": any(str(w).startswith("poor fit") for w in summary["warnings"])}
     out.tables.append(_steps_table(out, estimate))
     figure = steps_to_result_figure(
         [curve], fits=[out.fit], title=f"{out.unit.workload}: {out.goal_text}", intervals=intervals,
@@ -484,8 +485,15 @@ class Comparison:
         for r in self.ratios:
             text = f"{r['name']} B_crit ratio {num(r['ratio'], 2)}"
             if r.get("nqm") is not None:
-                text += (f" (NQM {num(r['nqm'], 2)} on its own problem"
-                         f"{', extrapolated' if r.get('nqm_extrapolated') else ''})")
+                # the NQM's B_crit is in its own problem's units: only its ordering is a prediction
+                def order(x):
+                    return None if x is None or not math.isfinite(x) else ">" if x > 1 else "<" if x < 1 else "="
+
+                a, b = r["name"].split("/", 1)
+                measured, predicted = order(r["ratio"]), order(r["nqm"])
+                verdict = "no measured ratio" if measured is None else (
+                    "agrees" if measured == predicted else "disagrees")
+                text += f" (NQM order {a} {predicted or '?'} {b}: {verdict})"
             if r["extrapolated"]:
                 text += " (extrapolated)"
             parts.append(text)
@@ -575,7 +583,7 @@ def nqm_section(results: list[UnitResult], comparisons: list[Comparison]) -> dic
                                         title=f"{r.unit.workload}: measured and NQM (shape only)")
         r.figures.append(FigureOut(
             _fig_id(r, "nqm"),
-            f"Measured steps to result and the exact NQM prediction for {p.algorithm} on {p.problem} "
+            f"Measured steps to result and the {'exact ' if p.exact else ''}NQM prediction for {p.algorithm} on {p.problem} "
             f"({p.target}), the NQM curve multiplied by one factor so that it equals the measured steps at "
             f"B0 = {b0:g} (shape only: its scale is not compared). NQM B_crit = {num(p.b_crit)}"
             f"{' (extrapolated)' if p.b_crit_extrapolated else ''}, fitted over the NQM's own batch sizes "
@@ -597,6 +605,25 @@ def nqm_section(results: list[UnitResult], comparisons: list[Comparison]) -> dic
                 ratio["nqm"] = pa.b_crit / pb.b_crit
                 ratio["nqm_extrapolated"] = bool(pa.b_crit_extrapolated or pb.b_crit_extrapolated)
     return {"predictions": {k: (None if v is None else v.to_dict()) for k, v in predictions.items()}, "notes": notes}
+
+
+def beyond_measured(entry: dict, fit: dict) -> str:
+    """For a fit-derived named batch size ``entry`` (``value``, ``low``, ``high``): ``"extrapolated:
+    outside the measured range"`` when its value lies outside the fit's measured batch sizes
+    ``[smallest_batch_size, largest_batch_size]``, ``"interval reaches beyond the measured range"``
+    when only an end of its interval does (an unbounded end counts), else ``""``."""
+    lo, hi = fit.get("smallest_batch_size"), fit.get("largest_batch_size")
+    value = entry.get("value")
+    if lo is None or hi is None or value is None or not math.isfinite(value):
+        return ""
+    if not lo <= value <= hi:
+        return "extrapolated: outside the measured range"
+    ends = [entry.get("low"), entry.get("high")]
+    if all(e is None for e in ends):  # no interval (e.g. a fit on two points)
+        return ""
+    if any(e is None or not math.isfinite(e) or not lo <= e <= hi for e in ends):  # None: unbounded side
+        return "interval reaches beyond the measured range"
+    return ""
 
 
 def _size_range(sizes) -> str:
@@ -624,6 +651,7 @@ def steps_table_section(path: str, frame, group: str | None) -> dict:
     from pathlib import Path
 
     from batchlab.analysis.critical_batch_size import fit_steps_curve, summarize_curve
+    from batchlab.analysis.definitions import REGISTRY
     from batchlab.analysis.steps_table import steps_table_curves
     from batchlab.plots.shallue import steps_to_result_figure
 
@@ -648,9 +676,10 @@ def steps_table_section(path: str, frame, group: str | None) -> dict:
                      num(named["perfect_scaling_end"]["value"]), num(named["maximal_parallelism_start"]["value"]),
                      num(summary["fit"]["s_min"]), "; ".join(summary["warnings"])])
         for d_name, entry in named.items():
+            source = next((d.source for d in REGISTRY if d.name == d_name), "fit")
+            flag = beyond_measured(entry, summary["fit"]) if source == "fit" else ""
             csv_rows.append(Row(name, "steps_table", None, f"{label}: {d_name}", _finite(entry["value"]), None, None,
-                                "extrapolated" if d_name == "mccandlish_b_crit" and summary["extrapolated"] else
-                                (entry.get("reason") or "")))
+                                flag or (entry.get("reason") or "")))
         for b, s in zip(curve.batch_sizes, curve.steps):
             csv_rows.append(Row(name, "steps_table", b, f"{label}: steps", s))
         warnings.extend(f"{label}: {w}" for w in summary["warnings"])
@@ -689,6 +718,8 @@ def summary_line(r: UnitResult, with_group: bool = False) -> str:
         tail.append(f"perfect scaling beyond B={num(bc['ps_beyond'])}")
     if bc["extrapolated"]:
         tail.append("extrapolated")
+    if bc.get("poor_fit"):
+        tail.append("poor fit: the curve is not a hyperbola within its brackets")
     return f"{text} ({', '.join(extra)}" + (f"; {'; '.join(tail)}" if tail else "") + ")"
 
 

@@ -123,13 +123,18 @@ def page(report) -> str:
                 ["optimizers", "B_crit ratio", "range from the two intervals", "extrapolated", "NQM ratio"], rows,
                 note="A ratio r > 1 means the first optimizer keeps gaining from larger batches up to a batch size r "
                      "times larger than the second (B_crit: where steps are twice their minimum). The range divides "
-                     "the ends of the two intervals (low/high, high/low): a conservative span, not a confidence "
-                     "interval. With --nqm the NQM column gives the same ratio of the exact NQM predictions.")))
+                     "the ends of the two intervals (low/high, high/low): it covers the true ratio at least when both "
+                     f"intervals do, so with two {report.level:.0%} intervals at least {max(0.0, 1 - 2 * (1 - report.level)):.0%} "
+                     "of the time (Bonferroni), not a confidence interval at the stated level. With --nqm the NQM column "
+                     "gives the same ratio of the NQM predictions; they are in the NQM problem's own units, so only "
+                     "whether it is above or below 1 (the ordering) is a prediction, not its size.")))
     if report.nqm is not None:
         parts.append('<h2 id="nqm">Noisy quadratic model</h2>')
-        parts.append('<p class="note">The exact NQM prediction (batchlab.report.nqm) is drawn in each unit\'s section '
-                     "beside the measured curve, scaled so that it equals the measured steps at B0: its shape is compared, "
-                     "not its scale.</p>")
+        parts.append('<p class="note">The NQM prediction (batchlab.report.nqm: exact moment recurrences, tuned per '
+                     "batch size; a point whose tuned optimum lies at the grid's edge is an upper bound) is drawn in "
+                     "each unit\'s section beside the measured curve, scaled so that it equals the measured steps at B0. "
+                     "Its batch sizes are the NQM problem's own units, so neither the position of its bend nor the size "
+                     "of its critical batch sizes is a prediction for the workload; the ordering of the optimizers is.</p>")
         rows = [[k, "not modelled" if v is None else v.get("algorithm", ""),
                  "" if v is None else v.get("problem", ""),
                  "" if v is None else num(v.get("b_crit")) + (" (extrapolated)" if v.get("b_crit_extrapolated") else "")]

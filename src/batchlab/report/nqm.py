@@ -143,7 +143,7 @@ class NqmPrediction:
         grid_edge: True where the tuned learning rate lies at either end of the official grid's
             learning-rate axis, or the tuned momentum at its top (0.99999): the optimum may lie beyond
             the grid, so the steps there are exact for the configuration found but an upper bound on
-            the algorithm's tuned optimum (e.g. momentum at B <= 4, the K-FAC-like p = 1 at B <= 8).
+            the algorithm's tuned optimum (e.g. momentum at B <= 4, the K-FAC-like p = 1 at B = 4 and 8).
         b_crit_batch_sizes: the batch grid ``b_crit`` is fitted on (:data:`B_CRIT_BATCH_SIZES`).
         b_crit_extrapolated: the fitted ``b_crit`` lies outside the reached part of that grid.
         fit_warnings: the fit's warnings (poor fit, extrapolation, ...) and a note when the tuning of a

@@ -5,8 +5,9 @@ figures use only the trials of the group's analysed studies. Different settings 
 
 * **Sweep studies** (the definition has a ``sweep`` key) form one group per (sweep id, device). As in
   the sweep's own table (docs/methods.md, "What the sweep's table reports, and from which trials"), at
-  each batch size the study of the last budget round (largest ``budget_round``) is analysed, with all
-  its trials; earlier rounds are listed but not analysed.
+  each batch size the study of the last budget round (largest ``budget_round``) is analysed, but with
+  every stored trial of it (the sweep's table: only the points its config plans; a larger run of the
+  same sweep may have stored more); earlier rounds are listed but not analysed.
 * **Other studies** (``batchlab train``/``study``, imports) are grouped by their *settings*: source,
   ``train_examples``, evaluation rule, stop rule, device, race and batch order (everything but the
   batch size, the step budget, the search space and the seed). A settings group with at most one
@@ -123,7 +124,7 @@ def find_units(con: duckdb.DuckDBPyConnection) -> list[Unit]:
             sweep, device = key.split("|")
             unit = Unit(workload, f"sweep {sweep}" + ("" if device == "cpu" else f" {device}"),
                         f"sweep {sweep}" + ("" if device == "cpu" else f" on {device}") +
-                        ": at each batch size the study of the last budget round, all its trials (the sweep's own table rule)",
+                        ": at each batch size the study of the last budget round, every stored trial of it",
                         ())
             last: dict[int, str] = {}
             for sid in sids:

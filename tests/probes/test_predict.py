@@ -1,0 +1,115 @@
+"""batchlab.probes.predict on a tiny linear-regression workload (defined here, referenced as
+``tests/probes/test_predict.py:linear_workload``) beside a tiny synthetic store."""
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from batchlab.errors import BatchlabError
+
+HERE = Path(__file__).resolve()
+WORKLOAD = f"{HERE}:linear_workload"
+STORE_WORKLOAD = "synthetic/linear"
+
+
+def _loss(outputs, targets):
+    return 0.5 * (outputs.reshape(-1) - targets).square().mean()
+
+
+def linear_workload():
+    """8 -> 1 linear regression on 512 Gaussian examples (a loss torch.func can differentiate twice)."""
+    from batchlab.workloads import Workload
+    from batchlab.workloads.tasks import custom_task, regression_sums
+
+    def data():
+        g = torch.Generator().manual_seed(7)
+        x = torch.randn(640, 8, generator=g)
+        y = x @ torch.linspace(-1, 1, 8) + 0.3 * torch.randn(640, generator=g)
+        return {"train": (x[:512], y[:512]), "val": (x[512:], y[512:])}
+
+    return Workload(name=STORE_WORKLOAD, summary="linear regression", make_model=lambda: torch.nn.Linear(8, 1),
+                    data=data, task=custom_task(_loss, regression_sums, "regression", ("mse", "mae"), "mse"),
+                    metric="val/mse", goal=0.1, default_steps=40, default_batch_size=32)
+
+
+def _store(tmp_path, optimizer="sgd"):
+    from tests.report.report_fixtures import publish, unit_trials
+
+    return publish(tmp_path / "store", unit_trials(f"{STORE_WORKLOAD}/{optimizer}", [8, 16, 32, 64, 128], b_crit=32,
+                                                   trials=4))
+
+
+FAST = {"steps_at": 5, "examples": 64, "batch_size": 32, "learning_rate": 0.05, "k": 3, "lanczos_steps": 5,
+        "probes": 1, "device": "cpu"}
+
+
+def test_predict_beside_a_store_gives_ratios_and_compute(tmp_path):
+    from batchlab.probes.predict import PREDICTORS, predict
+
+    store = _store(tmp_path)
+    result = predict(WORKLOAD, "sgd", store=store, n_boot=20, **FAST)
+    (measured,) = result["measured"]
+    assert measured["b_crit"] is not None and (measured["low"] is None or measured["low"] <= measured["b_crit"])
+    assert measured["trials"] == 20 and measured["sweep_examples"] > 0
+    names = [r["predictor"] for r in result["rows"]]
+    assert names == [p for p in PREDICTORS if p != "b_simple_adam"]
+    for row in result["rows"]:
+        assert {"critical_batch_size", "low", "high", "measured", "ratio", "ratio_low", "ratio_high", "examples",
+                "sweep_examples", "compute_fraction", "unit", "note"} <= set(row)
+        assert row["measured"] == measured["b_crit"]
+        if row["critical_batch_size"] is not None:
+            assert row["ratio"] == pytest.approx(row["critical_batch_size"] / measured["b_crit"])
+        if row["examples"] is not None:
+            assert row["compute_fraction"] == pytest.approx(row["examples"] / measured["sweep_examples"])
+    by = {r["predictor"]: r for r in result["rows"]}
+    assert by["b_simple"]["critical_batch_size"] > 0 and by["b_simple"]["examples"] == 32 * 5 + 64
+    assert by["b_noise"]["examples"] > by["b_simple"]["examples"]
+    assert by["calibrated_nqm"]["critical_batch_size"] is not None, by["calibrated_nqm"]["note"]
+    assert by["calibrated_nqm"]["examples"] > by["b_simple"]["examples"]
+    assert "problem" in result["calibrated"] and result["calibrated"]["curve"]["nqm_algorithm"] == "sgd"
+    assert by["branched"]["critical_batch_size"] is not None or "absent" in by["branched"]["note"]
+
+
+def test_store_without_the_workload_fails_before_training(tmp_path):
+    from batchlab.probes.predict import predict
+
+    store = _store(tmp_path, optimizer="adam")
+    with pytest.raises(BatchlabError, match="no trials of workload 'synthetic/linear/sgd'.*synthetic/linear/adam"):
+        predict(WORKLOAD, "sgd", store=store, **FAST)
+
+
+def test_unknown_optimizer_is_one_line():
+    from batchlab.probes.predict import predict
+
+    with pytest.raises(BatchlabError) as info:
+        predict(WORKLOAD, "sgdd", **FAST)
+    assert "\n" not in str(info.value)
+
+
+def test_without_store_only_predictions(tmp_path):
+    from batchlab.probes.predict import predict
+
+    result = predict(WORKLOAD, "sgd", branched=False, **FAST)
+    assert result["measured"] == []
+    assert all(r["ratio"] is None and r["measured"] is None for r in result["rows"])
+    by = {r["predictor"]: r for r in result["rows"]}
+    assert "skipped" in by["branched"]["note"] and math.isfinite(by["b_simple"]["critical_batch_size"])
+
+
+def test_several_units_are_each_measured_or_chosen_by_study(tmp_path):
+    from batchlab.probes.predict import measured_units
+    from tests.report.report_fixtures import publish, unit_trials
+
+    store = tmp_path / "store"
+    for offset, sweep in ((0, "aaaaaaaaaaaa"), (10, "bbbbbbbbbbbb")):
+        trials = unit_trials(f"{STORE_WORKLOAD}/sgd", [8, 32, 128], b_crit=32, trials=3)
+        publish(store, [{**t, "trial_id": t["trial_id"] + offset} for t in trials], sweep=sweep)
+    both = measured_units(store, f"{STORE_WORKLOAD}/sgd", n_boot=10)
+    assert [m["group"] for m in both] == ["sweep aaaaaaaaaaaa", "sweep bbbbbbbbbbbb"]
+    assert all(m["trials"] == 9 and m["sweep_examples"] > 0 for m in both)
+    (one,) = measured_units(store, f"{STORE_WORKLOAD}/sgd", "bbbbbbbbbbbb", n_boot=10)
+    assert one["group"] == "sweep bbbbbbbbbbbb" and one["sweep_examples"] == both[1]["sweep_examples"]
+    with pytest.raises(BatchlabError, match="matches --unit 'zzz'"):
+        measured_units(store, f"{STORE_WORKLOAD}/sgd", "zzz")
