@@ -8,7 +8,9 @@ command line prints it as ``error: <message>`` and exits with status 2, with no 
 from __future__ import annotations
 
 import difflib
+import operator
 from collections.abc import Iterable
+from typing import Any
 
 
 class BatchlabError(ValueError):
@@ -21,3 +23,15 @@ def unknown_name_error(kind: str, name: str, known: Iterable[str]) -> BatchlabEr
     close = difflib.get_close_matches(name, known, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return BatchlabError(f"unknown {kind} {name!r}{hint}; known: {', '.join(known)}")
+
+
+def checked_int(name: str, value: Any, minimum: int) -> int:
+    """``value`` as an ``int`` (anything with ``__index__``; not a float), at least ``minimum``; else a
+    one-line :class:`BatchlabError` naming ``name``."""
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise BatchlabError(f"{name} must be an integer, got {value!r}") from None
+    if value < minimum:
+        raise BatchlabError(f"{name} must be >= {minimum}, got {value}")
+    return value

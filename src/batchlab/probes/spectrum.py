@@ -44,7 +44,6 @@ Contract (docs/methods.md, "Probes"):
 from __future__ import annotations
 
 import math
-import operator
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -53,7 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from batchlab.errors import BatchlabError, unknown_name_error
+from batchlab.errors import BatchlabError, checked_int, unknown_name_error
 
 __all__ = [
     "CURVATURES", "CurvatureOperator", "SpectralDensity", "Spectrum", "lanczos_tridiagonal", "spectral_density",
@@ -143,14 +142,7 @@ def _check_curvature(curvature: str) -> str:
     return curvature
 
 
-def _as_int(name: str, value: Any, minimum: int) -> int:
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise BatchlabError(f"{name} must be an integer, got {value!r}") from None
-    if value < minimum:
-        raise BatchlabError(f"{name} must be >= {minimum}, got {value}")
-    return value
+_as_int = checked_int  # batchlab.errors.checked_int
 
 
 class CurvatureOperator:

@@ -66,7 +66,6 @@ from __future__ import annotations
 import collections
 import copy
 import math
-import operator
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -75,7 +74,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from batchlab.errors import BatchlabError, unknown_name_error
+from batchlab.errors import BatchlabError, checked_int, unknown_name_error
 from batchlab.train.core import TrialProgress, batch_source, device_split, evaluate_trials, replay_bracket, train_loop
 from batchlab.train.device import fork_rng, get_rng_state, resolve_device, set_rng_state
 from batchlab.train.divergence import DivergenceMonitor
@@ -267,14 +266,7 @@ class PreparedTrial:
         return {self.goal_split: self.eval_splits[self.goal_split]}
 
 
-def _as_int(name: str, value: Any, minimum: int) -> int:
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise BatchlabError(f"{name} must be an integer, got {value!r}") from None
-    if value < minimum:
-        raise BatchlabError(f"{name} must be >= {minimum}, got {value}")
-    return value
+_as_int = checked_int  # batchlab.errors.checked_int
 
 
 def _checked_hyperparameters(hyperparameters: dict[str, Any]) -> dict[str, Any]:
