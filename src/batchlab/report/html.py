@@ -22,6 +22,7 @@ figcaption{font-size:.85em;color:#444;max-width:900px}
 .note{color:#444;font-size:.9em}.warn{color:#8a4b00;font-size:.9em}.bad{color:#a00;font-weight:bold}
 .verdict{background:#f6f8fa;border-left:4px solid #4a7;padding:.4em .8em}
 code{background:#f4f4f4;padding:0 2px}
+pre{white-space:pre-wrap;overflow-wrap:anywhere;font-size:.85em}
 """
 
 
