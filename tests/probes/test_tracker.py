@@ -264,3 +264,31 @@ def test_every_measures_one_step_in_n_with_the_hooks_off_in_between():
     assert restored.every == 3 and restored.calls == 9 and bool(restored._handles)
     with pytest.raises(BatchlabError, match="every"):
         NoiseScaleTracker(model, every=0)
+
+
+@pytest.mark.parametrize("beta", [None, 0.9])
+def test_a_parameter_without_gradient_at_some_steps_is_averaged_over_its_own_steps(beta):
+    """Two independent linear models in one tracker, the second used only at every third step: its
+    per-layer running estimates equal those of a tracker of the second model alone, fed at those steps
+    (each parameter tensor carries its own EMA weight or count)."""
+    first, second = model_at(), model_at(W_STAR - A)
+    both = nn.ModuleDict({"a": first, "b": second})
+    together = NoiseScaleTracker(both, beta=beta)
+    alone = NoiseScaleTracker(second, beta=beta)
+    g = torch.Generator().manual_seed(3)
+    for step in range(12):
+        x, y = draw(64, g)
+        both.zero_grad(set_to_none=True)
+        for xm, ym in zip(x.chunk(4), y.chunk(4)):
+            loss = loss_fn(first(xm), ym) + (loss_fn(second(xm), ym) if step % 3 == 0 else 0.0)
+            (loss / 4).backward()
+        together.update(both, batch_size=64, grad_scale=1 / 4)
+        if step % 3 == 0:
+            alone.update(second, batch_size=64, grad_scale=1 / 4)
+    shared, own = together.per_layer["b.0"], alone.per_layer["0"]
+    assert shared["trace_sigma"] == pytest.approx(own["trace_sigma"], rel=1e-12)
+    assert shared["grad_norm_sq"] == pytest.approx(own["grad_norm_sq"], rel=1e-12)
+    state = together.state_dict()
+    restored = NoiseScaleTracker(beta=beta)
+    restored.load_state_dict(json.loads(json.dumps(state)))
+    assert restored.per_layer["b.0"]["trace_sigma"] == pytest.approx(shared["trace_sigma"], rel=1e-12)

@@ -50,7 +50,8 @@ Under ``DistributedDataParallel`` (each of n workers back-propagates its own B/n
 Contract: call :meth:`update` once per optimizer step, after the last ``backward()`` and before
 anything rewrites ``.grad`` (gradient clipping, an unscale); every backward pass in between counts
 as one micro-batch (a gradient penalty's extra backward would too); micro-batches are assumed equal
-in size; parameters that received no gradient in the step are left out of that step. Under DDP the
+in size; parameters that received no gradient in the step are left out of that step (each parameter tensor
+keeps its own EMA weight or count, so its running values average the steps it had a gradient in). Under DDP the
 optional ``sync`` all-reduces the small norms (one tensor of one number per parameter tensor) so
 every rank holds the same estimate; FSDP (sharded ``.grad``) is not supported. The cost is one
 fused norm kernel (all parameter tensors) per backward pass and one per update, a Python call per
@@ -137,7 +138,9 @@ class NoiseScaleTracker:
         self.steps = 0
         self._g2: np.ndarray | None = None  # per parameter tensor: running |G|^2 (not bias-corrected)
         self._s: np.ndarray | None = None  # per parameter tensor: running tr(Sigma)
-        self._weight = 0.0  # EMA: 1 - beta^steps; plain mean: steps
+        # per parameter tensor, over the steps that measured it (a tensor without a gradient in a step
+        # is left out of that step): EMA 1 - beta^n, plain mean n
+        self._weight: np.ndarray | None = None
         self.last: dict | None = None
         if model_or_params is not None:
             self._attach(model_or_params)
@@ -159,6 +162,8 @@ class NoiseScaleTracker:
         self._queued = False
         if self._g2 is None:
             self._g2, self._s = np.zeros(len(named)), np.zeros(len(named))
+        if self._weight is None:
+            self._weight = np.zeros(len(named))
         # A tensor hook on each parameter sees its incoming gradient before it is added to .grad (and,
         # under DDP, before the all-reduce). The hook only keeps a reference; the norms of all of a
         # backward pass's gradients are taken together, in one fused kernel, by a callback queued on
@@ -310,11 +315,11 @@ class NoiseScaleTracker:
     def _fold(self, index: np.ndarray, g2: np.ndarray, s: np.ndarray) -> None:
         self.steps += 1
         if self.beta is None:
-            self._weight += 1.0
-            self._g2[index] += (g2 - self._g2[index]) / self._weight
-            self._s[index] += (s - self._s[index]) / self._weight
+            self._weight[index] += 1.0
+            self._g2[index] += (g2 - self._g2[index]) / self._weight[index]
+            self._s[index] += (s - self._s[index]) / self._weight[index]
         else:
-            self._weight = 1.0 - (1.0 - self._weight) * self.beta
+            self._weight[index] = 1.0 - (1.0 - self._weight[index]) * self.beta
             self._g2[index] = self.beta * self._g2[index] + (1.0 - self.beta) * g2
             self._s[index] = self.beta * self._s[index] + (1.0 - self.beta) * s
 
@@ -323,7 +328,15 @@ class NoiseScaleTracker:
     def _corrected(self, values: np.ndarray | None) -> np.ndarray:
         if values is None or self.steps == 0:
             return np.full(len(self.names), math.nan)
-        return values / self._weight if self.beta is not None else values.copy()
+        # a tensor never measured yet is left out of the sums (0); each other one is corrected by its own
+        # weight, so a tensor without a gradient at some steps is averaged over the steps it had one
+        measured = self._weight > 0
+        out = np.zeros(len(values))
+        if self.beta is None:
+            out[measured] = values[measured]
+        else:
+            out[measured] = values[measured] / self._weight[measured]
+        return out
 
     @property
     def grad_norm_sq(self) -> float:
@@ -367,7 +380,7 @@ class NoiseScaleTracker:
             "steps": self.steps,
             "calls": self.calls,
             "every": self.every,
-            "weight": self._weight,
+            "weight": None if self._weight is None else self._weight.tolist(),
             "names": list(self.names),
             "grad_norm_sq": None if self._g2 is None else self._g2.tolist(),
             "trace_sigma": None if self._s is None else self._s.tolist(),
@@ -388,7 +401,11 @@ class NoiseScaleTracker:
         self.steps = int(state["steps"])
         self.calls = int(state.get("calls", self.steps))
         self.every = int(state.get("every", 1))
-        self._weight = float(state["weight"])
+        weight = state["weight"]
+        if weight is None or isinstance(weight, (int, float)):  # a tracker of one common weight
+            size = len(state["grad_norm_sq"]) if state["grad_norm_sq"] is not None else len(names or self.names)
+            weight = None if weight is None else [float(weight)] * size
+        self._weight = None if weight is None else np.array(weight, dtype=float)
         self.names = names or self.names
         self._g2 = None if state["grad_norm_sq"] is None else np.array(state["grad_norm_sq"], dtype=float)
         self._s = None if state["trace_sigma"] is None else np.array(state["trace_sigma"], dtype=float)
