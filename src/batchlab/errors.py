@@ -35,3 +35,26 @@ def checked_int(name: str, value: Any, minimum: int) -> int:
     if value < minimum:
         raise BatchlabError(f"{name} must be >= {minimum}, got {value}")
     return value
+
+
+def increasing_ints(name: str, values: Any, minimum: int, item: str = "value") -> list[int]:
+    """``values`` (a list-like, not a string) as a non-empty, strictly increasing list of ints, each at
+    least ``minimum``; else a one-line :class:`BatchlabError` naming ``name`` (and ``item``, what one
+    value is) and the rule."""
+    rule = f"integers >= {minimum}, strictly increasing"
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise BatchlabError(f"{name} must be a list of {rule}, got {values!r}")
+    out = []
+    for value in values:
+        try:
+            value = operator.index(value)
+        except TypeError:
+            raise BatchlabError(f"{name} must hold integers >= {minimum}, got {value!r}") from None
+        if value < minimum:
+            raise BatchlabError(f"{name} must hold integers >= {minimum}, got {value}")
+        out.append(int(value))
+    if not out:
+        raise BatchlabError(f"{name} needs at least one {item} ({rule})")
+    if any(b <= a for a, b in zip(out, out[1:])):
+        raise BatchlabError(f"{name} must be strictly increasing (no repeats), got {','.join(map(str, out))}")
+    return out

@@ -72,7 +72,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import operator
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -81,7 +80,7 @@ from typing import Any
 
 import numpy as np
 
-from batchlab.errors import BatchlabError, unknown_name_error
+from batchlab.errors import BatchlabError, increasing_ints, unknown_name_error
 
 __all__ = ["DEFAULT_MULTIPLIERS", "DEFAULT_TOLERANCE", "DEFAULT_WINDOW_STEPS", "RULES", "TUNED_EXPONENTS", "Branch",
            "BranchedCheckpoint", "BranchedResult", "branched_critical_batch_size", "branched_on_nqm",
@@ -206,21 +205,7 @@ def warmup_schedule(result: BranchedResult) -> list[tuple[int, int]]:
 
 def check_multipliers(multipliers: Any) -> list[int]:
     """``multipliers`` as strictly increasing integers >= 1, with 1 (the reference) prepended when absent."""
-    if isinstance(multipliers, (str, bytes)) or not hasattr(multipliers, "__iter__"):
-        raise BatchlabError(f"multipliers must be a list of integers >= 1 (strictly increasing), got {multipliers!r}")
-    values = []
-    for value in multipliers:
-        try:
-            k = operator.index(value)
-        except TypeError:
-            raise BatchlabError(f"multipliers must be integers >= 1, got {value!r}") from None
-        if k < 1:
-            raise BatchlabError(f"multipliers must be integers >= 1, got {k}")
-        values.append(int(k))
-    if not values:
-        raise BatchlabError("multipliers needs at least one integer >= 1 (e.g. 1,2,4,8)")
-    if any(b <= a for a, b in zip(values, values[1:])):
-        raise BatchlabError(f"multipliers must be strictly increasing, got {','.join(map(str, values))}")
+    values = increasing_ints("multipliers", multipliers, 1)
     return values if values[0] == 1 else [1, *values]
 
 

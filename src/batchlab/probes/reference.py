@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import copy
 import math
-import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -35,7 +34,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from batchlab.errors import BatchlabError
+from batchlab.errors import BatchlabError, increasing_ints
 
 __all__ = ["ADAM_LIKE", "Checkpoint", "ProbeBatches", "ReferenceCheckpoints", "ReferenceRun", "check_steps_at", "probe_batches",
            "reference_checkpoints"]
@@ -131,22 +130,7 @@ class ReferenceCheckpoints:
 def check_steps_at(steps_at: Any) -> list[int]:
     """``steps_at`` as a list of ints: non-empty, each >= 0, strictly increasing; else a one-line
     BatchlabError naming the rule."""
-    if isinstance(steps_at, (str, bytes)) or not isinstance(steps_at, Sequence) and not hasattr(steps_at, "__iter__"):
-        raise BatchlabError(f"steps_at must be a list of steps (integers >= 0, increasing), got {steps_at!r}")
-    steps = []
-    for value in steps_at:
-        try:
-            step = operator.index(value)
-        except TypeError:
-            raise BatchlabError(f"steps_at must hold integers >= 0, got {value!r}") from None
-        if step < 0:
-            raise BatchlabError(f"steps_at must hold integers >= 0, got {step}")
-        steps.append(int(step))
-    if not steps:
-        raise BatchlabError("steps_at needs at least one step (integers >= 0, increasing)")
-    if any(b <= a for a, b in zip(steps, steps[1:])):
-        raise BatchlabError(f"steps_at must be strictly increasing (no repeats), got {','.join(map(str, steps))}")
-    return steps
+    return increasing_ints("steps_at", steps_at, 0, item="step")
 
 
 def _loss_function(workload: Any, label_smoothing: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
