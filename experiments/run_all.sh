@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Run every experiment sweep in turn, each into its own store under RUNS (default runs/; stores are not
 # committed), appending its JSON events to RUNS/<store>.jsonl. Sweeps resume: re-running this script
-# continues where it stopped, skipping finished trials. Then write each store's report (with the NQM
-# prediction) and its summary CSV into experiments/reports/<store>/.
-#   OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE bash experiments/run_all.sh [sweeps|reports]
+# continues where it stopped, skipping finished trials. Then measure the predictors of the critical
+# batch size against each store (batchlab predict, and B_simple across one reference run with
+# batchlab probe noise-scale) into experiments/predictions/<store>/, and write each store's report
+# (with the NQM prediction and those predictions) and its CSV into experiments/reports/<store>/.
+#   OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE bash experiments/run_all.sh [sweeps|predictions|reports]
+# A prediction file that exists is kept (delete it to measure again).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" OMP_WAIT_POLICY=PASSIVE MPLBACKEND=Agg
@@ -14,9 +17,16 @@ WHAT="${1:-all}"
 EXPERIMENTS=(
   "fc128_sgd_momentum_race fc128_race"
   "fc64_optimizers_race fc64_optimizers"
-  "fc64_ema_race fc64_ema"
   "cnn_tiny_race cnn_tiny"
   "lstm_char_race lstm_char"
+  "fc64_ema_race fc64_ema"
+)
+# store, workload, optimizers predicted, reference-run steps at which B_simple is measured
+PREDICTIONS=(
+  "fc128_race mnist/fc_128_128_128 sgd,momentum 0,30,100,300,750,1500,3000"
+  "fc64_optimizers mnist/fc_64_64_64 sgd,momentum,adam 0,30,100,300,750,1500,3000"
+  "cnn_tiny experiments/workloads.py:mnist_simple_cnn_tiny sgd,momentum,adam 0,40,130,400,1000,2000,4000"
+  "lstm_char shakespeare/lstm_char momentum,adam 0,10,30,100,250,500,1000"
 )
 mkdir -p "$RUNS"
 if [[ "$WHAT" == all || "$WHAT" == sweeps ]]; then
@@ -26,12 +36,36 @@ if [[ "$WHAT" == all || "$WHAT" == sweeps ]]; then
     nice $BATCHLAB sweep --config "experiments/$config.toml" --store "$RUNS/$store" --json >>"$RUNS/$store.jsonl"
   done
 fi
+if [[ "$WHAT" == all || "$WHAT" == predictions ]]; then
+  for entry in "${PREDICTIONS[@]}"; do
+    read -r store workload optimizers steps <<<"$entry"
+    [[ -d "$RUNS/$store" ]] || continue
+    out="experiments/predictions/$store"
+    mkdir -p "$out"
+    for optimizer in ${optimizers//,/ }; do
+      if [[ ! -s "$out/predict_$optimizer.jsonl" ]]; then
+        echo "== predict $workload $optimizer against $RUNS/$store"
+        nice $BATCHLAB predict "$workload" --optimizer "$optimizer" --store "$RUNS/$store" --json >"$out/predict_$optimizer.jsonl.tmp"
+        mv "$out/predict_$optimizer.jsonl.tmp" "$out/predict_$optimizer.jsonl"
+      fi
+      if [[ ! -s "$out/noise_scale_$optimizer.jsonl" ]]; then
+        echo "== B_simple across training: $workload $optimizer at steps $steps"
+        nice $BATCHLAB probe noise-scale "$workload" --optimizer "$optimizer" --steps-at "$steps" --json >"$out/noise_scale_$optimizer.jsonl.tmp"
+        mv "$out/noise_scale_$optimizer.jsonl.tmp" "$out/noise_scale_$optimizer.jsonl"
+      fi
+    done
+  done
+fi
 if [[ "$WHAT" == all || "$WHAT" == reports ]]; then
   for pair in "${EXPERIMENTS[@]}"; do
     read -r config store <<<"$pair"
     [[ -d "$RUNS/$store" ]] || continue
     mkdir -p "experiments/reports/$store"
+    predictions=()
+    for file in experiments/predictions/"$store"/*.jsonl; do
+      [[ -e "$file" ]] && predictions+=(--predictions "$file")
+    done
     echo "== report $RUNS/$store -> experiments/reports/$store/report.html"
-    $BATCHLAB report --store "$RUNS/$store" --out "experiments/reports/$store/report.html" --nqm
+    $BATCHLAB report --store "$RUNS/$store" --out "experiments/reports/$store/report.html" --nqm "${predictions[@]}"
   done
 fi

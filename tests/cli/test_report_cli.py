@@ -76,3 +76,63 @@ def test_store_without_a_reached_goal_is_refused(capsys, tmp_path):
     code, stdout, err = run(capsys, "report", "--store", store, "--out", tmp_path / "r.html")
     assert (code, stdout) == (2, "") and "reached its goal" in err and err.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
+
+
+def test_predictions_section_line_and_warning(capsys, store, tmp_path):
+    settings = {"workload": "mnist/fc_64_64_64", "optimizer": "sgd", "batch_size": 128,
+                "hyperparameters": {"learning_rate": 0.1}, "steps_at": 100}
+    records = [{"workload": w, "optimizer": "sgd", "predictor": p, "critical_batch_size": v, "low": None, "high": None,
+                "interval_method": "", "examples": 1000, "note": "", "unit": None, "measured": None, "settings": settings}
+               for w, p, v in (("mnist/fc_64_64_64", "b_simple", 8.0), ("mnist/fc_64_64_64", "branched", 32.0),
+                               ("cifar10/resnet", "b_simple", 4.0))]
+    predictions = tmp_path / "predictions.jsonl"
+    predictions.write_text("\n".join(json.dumps(r) for r in records) + "\n\n")
+    out = tmp_path / "r.html"
+    code, stdout, err = run(capsys, "report", "--store", store, "--out", out, "--bootstrap", "5",
+                            "--predictions", predictions)
+    assert code == 0, err
+    lines = stdout.splitlines()
+    assert len(lines) == 6 and lines[5].startswith("predictions mnist/fc_64_64_64 sgd: b_simple 8 (")
+    assert ", branched 32 (" in lines[5] and " against B_crit " in lines[5] and "; within 2x: " in lines[5]
+    assert err == "warning: predictions for cifar10/resnet/sgd: the store has no unit of that workload\n"
+    html = out.read_text()
+    assert 'id="predictions"' in html and 'data-figure="predictions-mnist-fc-64-64-64-sgd-sweep-abcdef012345"' in html
+    assert "b_simple: ratio" in out.with_suffix(".csv").read_text()
+
+
+def test_bad_predictions_file_is_one_line_exit_2_and_writes_nothing(capsys, store, tmp_path):
+    predictions = tmp_path / "predictions.jsonl"
+    predictions.write_text('{"workload": "mnist/fc_64_64_64", "optimizer": "sgd"}\n\nnot json\n')
+    out = tmp_path / "out"
+    out.mkdir()
+    code, stdout, err = run(capsys, "report", "--store", store, "--out", out / "r.html", "--predictions", predictions)
+    assert (code, stdout) == (2, "") and err.count("\n") == 1
+    assert err.startswith(f"error: --predictions {str(predictions)!r} line 1: neither a prediction")
+    assert list(out.iterdir()) == []
+
+
+def test_predict_json_feeds_the_report(capsys, tmp_path):
+    """End to end on the tiny linear workload of tests/probes/test_predict.py: predict --json, then report."""
+    from tests.probes.test_predict import WORKLOAD, _store
+
+    linear_store = _store(tmp_path)
+    code, stdout, err = run(capsys, "predict", WORKLOAD, "--steps-at", "5", "--examples", "64", "--batch-size", "32",
+                            "--learning-rate", "0.05", "--device", "cpu", "--optimizer", "sgd", "--store", linear_store,
+                            "--no-branched", "--json")
+    assert code == 0, err
+    predictions = tmp_path / "predictions.jsonl"
+    predictions.write_text(stdout)
+    recorded = [json.loads(line) for line in stdout.splitlines()]
+    out = tmp_path / "r.html"
+    code, stdout, err = run(capsys, "report", "--store", linear_store, "--out", out, "--bootstrap", "20",
+                            "--predictions", predictions, "--json")
+    assert code == 0, err
+    summary = json.loads(stdout)
+    (unit,) = summary["predictions"]
+    assert [r["predictor"] for r in unit["rows"]] == [r["predictor"] for r in recorded]
+    for row, record in zip(unit["rows"], recorded):
+        # predict measured the same unit with the same bootstrap settings: the same B_crit, ratio and sweep
+        assert row["measured"] == pytest.approx(record["measured"], rel=1e-9)
+        assert row["sweep_examples"] == record["sweep_examples"]
+        if record["ratio"] is not None:
+            assert row["ratio"] == pytest.approx(record["ratio"], rel=1e-9)

@@ -80,7 +80,7 @@ def measured_units(store, store_workload: str, study: str | None = None, *, n_bo
     """
     from batchlab.analysis.bootstrap import critical_batch_size_with_intervals
     from batchlab.analysis.selection import Selection
-    from batchlab.report.units import find_units, restricted, unit_goal
+    from batchlab.report.units import find_units, restricted, unit_examples, unit_goal
     from batchlab.store import Store
 
     con = Store.open(store, create=False).connect()
@@ -100,9 +100,7 @@ def measured_units(store, store_workload: str, study: str | None = None, *, n_bo
             entry: dict[str, Any] = {"unit": unit.name, "group": unit.group, "goal": None, "b_crit": None, "low": None,
                                      "high": None, "extrapolated": None, "level": level, "reason": ""}
             with restricted(con, unit):
-                trials, examples = con.execute("SELECT count(*), sum(steps * batch_size) FROM trials WHERE workload = ?",
-                                               [unit.workload]).fetchone()
-                entry["trials"], entry["sweep_examples"] = int(trials), int(examples or 0)
+                entry["trials"], entry["sweep_examples"] = unit_examples(con, unit)
                 goal, why = unit_goal(unit, con)
                 if goal is None:
                     entry["reason"] = why

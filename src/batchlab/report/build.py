@@ -1,9 +1,10 @@
 """Build a report: check the inputs, analyse every unit, write the page and its CSV (atomically).
 
 :func:`build_report` is what ``batchlab report`` runs. Every input is checked before anything is
-computed or written (the output path, the steps tables, the store: it must hold trials, and some unit
-must reach its goal); a problem is one :class:`BatchlabError` line and nothing is written. The CSV is
-written first and the page second, each atomically; if the page cannot be written the CSV is removed.
+computed or written (the output path, the steps tables, the prediction files, the store: it must hold
+trials, and some unit must reach its goal); a problem is one :class:`BatchlabError` line and nothing is
+written. The CSV is written first and the page second, each atomically; if the page cannot be written
+the CSV is removed.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class ReportData:
     level: float
     nqm: dict | None = None
     steps_tables: list = field(default_factory=list)
+    predictions: dict | None = None  # batchlab.report.predictions.predictions_section, with --predictions
 
 
 def check_out_path(out: str | Path) -> tuple[Path, Path]:
@@ -177,14 +179,21 @@ def _settings(units) -> object:
                   "batch order", "budget rule"], rows)
 
 
-def build_report(store: str | Path, out: str | Path, *, nqm: bool = False, steps_tables=(), n_boot: int = 200,
-                 seed: int = 0, level: float = 0.9) -> dict:
+def build_report(store: str | Path, out: str | Path, *, nqm: bool = False, steps_tables=(), predictions=(),
+                 n_boot: int = 200, seed: int = 0, level: float = 0.9) -> dict:
     """Write the report of ``store`` to ``out`` (``.html``) and its CSV beside it; return the summary
-    ``{"report", "table", "lines", "units", "comparisons", ...}`` (what ``batchlab report`` prints)."""
+    ``{"report", "table", "lines", "units", "comparisons", ...}`` (what ``batchlab report`` prints).
+
+    ``predictions``: JSON-lines files of ``batchlab predict --json`` / ``batchlab probe noise-scale
+    --json`` records (:mod:`batchlab.report.predictions`), checked before anything is analysed; with
+    any, the page gains the predictions section, the CSV its rows, ``lines`` one line per unit with
+    predictions, and the summary ``"predictions"`` (one dict per unit) and ``"predictions_warnings"``
+    (both None without files)."""
     from batchlab import __version__
     from batchlab.report import content
     from batchlab.report.csv import csv_text
     from batchlab.report.html import page
+    from batchlab.report.predictions import predictions_section, read_predictions
     from batchlab.report.units import find_units
     from batchlab.store import Store
 
@@ -196,6 +205,7 @@ def build_report(store: str | Path, out: str | Path, *, nqm: bool = False, steps
     if not 0 < float(level) < 1:
         raise BatchlabError(f"--level must lie in (0, 1), got {level!r}")
     tables_in = content.read_steps_tables(steps_tables)
+    prediction_records = read_predictions(predictions) if predictions else None
     store = Path(store)
     con = Store.open(store, create=False).connect()
     try:
@@ -211,6 +221,7 @@ def build_report(store: str | Path, out: str | Path, *, nqm: bool = False, steps
     comparisons = content.compare_units(results)
     nqm_info = content.nqm_section(results, comparisons) if nqm else None
     table_sections = [content.steps_table_section(path, frame, group) for path, frame, group in tables_in]
+    predicted = predictions_section(results, prediction_records) if prediction_records is not None else None
 
     per_workload: dict[str, int] = {}
     for r in results:
@@ -236,6 +247,9 @@ def build_report(store: str | Path, out: str | Path, *, nqm: bool = False, steps
                                         + ("; extrapolated" if ratio.get("nqm_extrapolated") else "")))
     for section in table_sections:
         rows.extend(section["rows"])
+    if predicted is not None:
+        lines += predicted["lines"]
+        rows.extend(predicted["rows"])
 
     first, last = _commit_times(store)
     times = study_times(store)
@@ -272,7 +286,7 @@ def build_report(store: str | Path, out: str | Path, *, nqm: bool = False, steps
     ]
     report = ReportData(store_name=store.name or str(store), csv_name=csv_path.name, header=header,
                         settings_table=_settings(units), units=results, comparisons=comparisons, lines=lines,
-                        level=level, nqm=nqm_info, steps_tables=table_sections)
+                        level=level, nqm=nqm_info, steps_tables=table_sections, predictions=predicted)
     _write_both(page_path, page(report), csv_path, csv_text(rows))
     return {
         "report": str(page_path),
@@ -284,6 +298,8 @@ def build_report(store: str | Path, out: str | Path, *, nqm: bool = False, steps
                                     for ratio in c.ratios]} for c in comparisons],
         "nqm": nqm_info,
         "steps_tables": [{"name": s["name"], "path": s["path"], "group_by": s["group"]} for s in table_sections],
+        "predictions": None if predicted is None else predicted["json"],
+        "predictions_warnings": None if predicted is None else predicted["warnings"],
     }
 
 
@@ -294,6 +310,8 @@ def _unit_json(r) -> dict:
         "study_ids": None if r.unit.study_ids is None else list(r.unit.study_ids),
         "trials_by_batch_size": {str(b): v for b, v in r.counts.items()},
         "published": r.published,
+        "sweep_trials": r.sweep_trials,
+        "sweep_examples": r.sweep_examples,
         "b_crit": r.b_crit,
         "verdict": None if r.verdict is None else r.verdict.text,
         "critical_batch_sizes": None if r.estimate is None else r.estimate["critical_batch_sizes"],

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from batchlab.errors import BatchlabError
-from batchlab.report.units import Unit, restricted, unit_goal
+from batchlab.report.units import Unit, restricted, unit_examples, unit_goal
 from batchlab.report.verdict import resolution, scaling_verdict
 
 TOLERANCE = 0.1
@@ -82,6 +82,8 @@ class UnitResult:
     goal_text: str = ""
     published: str = ""  # when the unit's trials were published (store commit times)
     nqm_b_crit: float | None = None
+    sweep_trials: int = 0  # trials of the analysed studies, any status (units.unit_examples)
+    sweep_examples: int = 0  # sum of steps x batch size over them: the sweep's compute
 
     @property
     def key(self) -> str:
@@ -121,6 +123,7 @@ def analyse_unit(con, unit: Unit, n_boot: int, level: float, seed: int) -> UnitR
     out = UnitResult(unit)
     with restricted(con, unit):
         out.counts = _status_counts(con, unit.workload)
+        out.sweep_trials, out.sweep_examples = unit_examples(con, unit)
         goal, why = unit_goal(unit, con)
         if goal is None:
             out.status, out.reason = "skipped", f"not analysed: {why}"

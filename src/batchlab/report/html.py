@@ -102,6 +102,7 @@ def page(report) -> str:
     parts.append("<p>Contents: " + ", ".join(f'<a href="#{_anchor(r.unit.name)}">{escape(r.unit.name)}</a>'
                                              for r in report.units)
                  + (', <a href="#comparisons">comparisons</a>' if report.comparisons else "")
+                 + (', <a href="#predictions">predictions</a>' if report.predictions is not None else "")
                  + (', <a href="#steps-tables">steps tables</a>' if report.steps_tables else "")
                  + ', <a href="#definitions">definitions</a></p>')
     for r in report.units:
@@ -141,6 +142,8 @@ def page(report) -> str:
                  "" if v is None else num(v.get("b_crit")) + (" (extrapolated)" if v.get("b_crit_extrapolated") else "")]
                 for k, v in report.nqm["predictions"].items()]
         parts.append(table_html(Table("NQM predictions", ["optimizer", "algorithm", "problem", "NQM B_crit"], rows)))
+    if report.predictions is not None:
+        parts.append(_predictions_html(report.predictions))
     if report.steps_tables:
         parts.append('<h2 id="steps-tables">External steps tables</h2>')
         for section in report.steps_tables:
@@ -191,6 +194,29 @@ def _unit_html(r, summary_line) -> str:
     return "\n".join(parts)
 
 
+def _predictions_html(section: dict) -> str:
+    """The section "Predictions before sweeping" (:func:`batchlab.report.predictions.predictions_section`)."""
+    parts = ['<h2 id="predictions">Predictions before sweeping</h2>',
+             '<p class="note">Critical batch sizes predicted from a short reference run (batchlab predict: noise '
+             "scales, the calibrated NQM, the branched estimate; batchlab probe noise-scale: B_simple across "
+             "training), read from the --predictions files and set beside each matching unit's own measured "
+             "mccandlish_b_crit (the number of this report, not the one stored with the prediction). A record "
+             "matches the units of its store workload (dataset/model/optimizer) and, when it names a unit, that "
+             "unit only.</p>"]
+    parts.append(_list(section["warnings"], "warn"))
+    if not section["units"]:
+        parts.append('<p class="note">No prediction matches a unit of this store.</p>')
+    for entry in section["units"]:
+        parts.append(f"<h3>{escape(entry['result'].unit.name)}</h3>")
+        if entry["line"]:
+            parts.append(f"<pre>{escape(entry['line'])}</pre>")
+        for key in ("figure", "table", "noise_figure", "noise_table"):
+            item = entry[key]
+            if item is not None:
+                parts.append(figure_html(item) if key.endswith("figure") else table_html(item))
+    return "\n".join(parts)
+
+
 DEFINITIONS = [
     ("steps to result S(B)", "the fewest updates after which any analysed trial's goal metric, read at an "
      "evaluation, strictly beats the goal; drawn with its resolution bracket (previous, reaching evaluation]."),
@@ -211,6 +237,10 @@ DEFINITIONS = [
     ("best measurement", "the best goal-metric value at any evaluation within a step budget (budgets read from "
      "the data); raced studies refuse budgets beyond a raced trial's stop, and the page says so."),
     ("B_crit ratio", "ratio of two optimizers' B_crit in one study group; the range divides the interval ends."),
+    ("prediction ratio", "a predicted critical batch size divided by the unit's measured mccandlish_b_crit (this "
+     "report's); its range, predicted low / measured high to predicted high / measured low, holds the ratios "
+     "consistent with both intervals and is not a confidence interval."),
+    ("within 2x", "a prediction whose ratio to the measured B_crit lies between 0.5 and 2."),
 ]
 
 

@@ -213,3 +213,17 @@ def unit_goal(unit: Unit, con: duckdb.DuckDBPyConnection) -> tuple[dict | None, 
         return None, f"the workload's goal metric {registered.metric!r} is not measured in the store"
     return {"metric": registered.metric, "goal": float(registered.goal), "maximize": bool(registered.maximize),
             "source": f"the registered goal of {unit.base}"}, ""
+
+
+def unit_examples(con: duckdb.DuckDBPyConnection, unit: Unit) -> tuple[int, int]:
+    """``(trials, examples)`` of ``unit``'s sweep: the number of trials of its analysed studies and the
+    sum of ``steps * batch_size`` over them, whatever their status (diverged and unreached trials cost
+    compute too; ``steps`` is the store's ``trials.steps``, the updates a trial trained; a trial
+    without steps counts 0 examples). The examples a sweep processed, against which ``batchlab predict``
+    and the report's predictions section set a predictor's compute (docs/methods.md).
+
+    Call it inside :func:`restricted` ``(con, unit)``: it reads the ``trials`` view as it stands.
+    """
+    trials, examples = con.execute("SELECT count(*), sum(steps * batch_size) FROM trials WHERE workload = ?",
+                                   [unit.workload]).fetchone()
+    return int(trials), int(examples or 0)
