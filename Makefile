@@ -41,7 +41,11 @@ demo: install
 	$(VENV)/bin/batchlab nqm figures --out $(DEMO)/nqm
 	$(VENV)/bin/batchlab sweep --config $(DEMO_SWEEP) --store $(DEMO)/store > $(DEMO)/sweep.txt
 	@tail -n 1 $(DEMO)/sweep.txt; echo "sweep table: $(DEMO)/sweep.txt"
-	$(VENV)/bin/batchlab report --store $(DEMO)/store --out $(DEMO)/report.html --nqm
+	@# the predictors of the critical batch size against the measured sweep (kept once measured)
+	test -s $(DEMO)/predictions.jsonl || { for o in sgd momentum; do $(VENV)/bin/batchlab predict mnist/fc_64_64_64 \
+	  --optimizer $$o --store $(DEMO)/store --json || exit 1; done > $(DEMO)/predictions.tmp && \
+	  mv $(DEMO)/predictions.tmp $(DEMO)/predictions.jsonl; }
+	$(VENV)/bin/batchlab report --store $(DEMO)/store --out $(DEMO)/report.html --nqm --predictions $(DEMO)/predictions.jsonl
 
 test: install browser
 	$(PY) -m pytest -q -n 2 tests
