@@ -20,8 +20,19 @@ compute.
 Clocks: ``time.process_time`` of this process (one torch thread; the in-process executor trains here),
 so other processes on a shared machine do not count.
 
-Measured (shared, loaded 2-core machine; torch 2.13 CPU): see the closing note of issue 12 and
-experiments/README.md, "Predictions"; the figures change with the machine, the ratios little.
+Measured (shared, loaded 2-core machine; torch 2.13 CPU; the sweep 159 CPU s, its SGD half 7.1 M
+examples and about 86 CPU s; predict 13.5 CPU s in all, the reference run trained to step 750):
+
+    predictor          B_crit  measured   ratio  examples     CPU
+    b_simple             2399       262    9.14      1.4%    3.8%
+    b_noise               375       262    1.43      5.1%    3.8%
+    calibrated_nqm     158364       262  603.35      5.6%   13.8%
+    branched              128       262    0.49      2.0%    2.7%
+
+B_noise is within 2x of the measured critical batch size at about 4-5% of the sweep's compute, and
+the branched estimate within 2x at about 2-3%; B_simple (9x) and the calibrated NQM (600x) are not
+(experiments/README.md, "Predictions", says why). The calibrated NQM's CPU is mostly Lanczos on the
+curvature (8.5 s), not the exact engine (0.1 s).
 
 Run (about 6 minutes of CPU): ``OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/predict_cost.py``
 """

@@ -113,3 +113,54 @@ def test_several_units_are_each_measured_or_chosen_by_study(tmp_path):
     assert one["group"] == "sweep bbbbbbbbbbbb" and one["sweep_examples"] == both[1]["sweep_examples"]
     with pytest.raises(BatchlabError, match="matches --unit 'zzz'"):
         measured_units(store, f"{STORE_WORKLOAD}/sgd", "zzz")
+
+
+def _with_train_loss(trials, loss):
+    """``trials`` with ``train/cross_entropy_error`` recorded at every row: ``loss`` at the last row of a
+    trial that stopped at the goal, 10x that before."""
+    out = []
+    for t in trials:
+        last = len(t["rows"]) - 1
+        rows = [(s, {**v, "train/cross_entropy_error": loss * (1 if i == last and t["status"] == "STOPPED_AT_GOAL"
+                                                                 else 10)}) for i, (s, v) in enumerate(t["rows"])]
+        out.append({**t, "rows": rows})
+    return out
+
+
+def test_goal_training_loss_is_the_median_at_the_goal_of_trials_that_met_it(tmp_path):
+    from batchlab.probes.predict import goal_training_loss, matched_target, measured_units
+    from batchlab.store import Store
+    from tests.report.report_fixtures import publish, unit_trials
+
+    trials = unit_trials(f"{STORE_WORKLOAD}/sgd", [8, 16, 32, 64, 128], b_crit=32, trials=4)
+    reached = sum(t["status"] == "STOPPED_AT_GOAL" for t in trials)
+    store = publish(tmp_path / "store", _with_train_loss(trials, 0.04))
+    con = Store.open(store, create=False).connect()
+    try:
+        assert goal_training_loss(con, f"{STORE_WORKLOAD}/sgd") == (pytest.approx(0.04), reached)
+        assert goal_training_loss(con, f"{STORE_WORKLOAD}/adam") == (None, 0)
+    finally:
+        con.close()
+    (unit,) = measured_units(store, f"{STORE_WORKLOAD}/sgd", n_boot=5)
+    assert unit["goal_train_loss"] == pytest.approx(0.04) and unit["goal_train_trials"] == reached
+    fraction, words = matched_target(0.5, [unit])
+    assert fraction == pytest.approx(0.04 / 0.5) and "matched" in words
+    assert matched_target(0.03, [unit])[0] is None  # the checkpoint is already below the goal's loss
+    assert matched_target(0.5, [{"goal_train_loss": None}])[0] is None
+
+
+def test_predict_matches_the_calibrated_target_to_the_store_unless_given(tmp_path):
+    from batchlab.probes.predict import predict
+    from tests.report.report_fixtures import publish, unit_trials
+
+    trials = unit_trials(f"{STORE_WORKLOAD}/sgd", [8, 16, 32, 64, 128], b_crit=32, trials=4)
+    store = publish(tmp_path / "store", _with_train_loss(trials, 0.01))
+    matched = predict(WORKLOAD, "sgd", store=store, n_boot=5, branched=False, **FAST)["settings"]
+    assert matched["target_rule"] == "matched"
+    assert matched["target_fraction"] == pytest.approx(0.01 / matched["probe_loss"])
+    given = predict(WORKLOAD, "sgd", store=store, n_boot=5, branched=False, target_fraction=0.2, **FAST)
+    assert given["settings"]["target_rule"] == "given" and given["settings"]["target_fraction"] == 0.2
+    plain = predict(WORKLOAD, "sgd", store=_store(tmp_path / "plain"), n_boot=5, branched=False, **FAST)
+    assert plain["settings"]["target_rule"] == "default" and plain["settings"]["target_fraction"] == 0.01
+    note = next(r["note"] for r in plain["rows"] if r["predictor"] == "calibrated_nqm")
+    assert "not matched" in note and "train/cross_entropy_error" in note

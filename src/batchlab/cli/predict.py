@@ -46,7 +46,9 @@ def predict(
     hparam: Annotated[Optional[list[str]], typer.Option(
         "--hparam", help="Another hyperparameter of the reference run, NAME=VALUE (repeatable).")] = None,
     target_fraction: Annotated[Optional[float], typer.Option(
-        "--target-fraction", help="The calibrated NQM's target: this fraction of its initial loss (default 0.01).")] = None,
+        "--target-fraction", help="The calibrated NQM's target: this fraction of its initial loss (default: with "
+                                  "--store, matched to the training loss at which the sweep's trials met the goal "
+                                  "when they record train/cross_entropy_error; else 0.01).")] = None,
     branched: Annotated[bool, typer.Option(
         "--branched/--no-branched", help="Also the branched local critical batch size (trains short branches).")] = True,
     train_examples: Annotated[Optional[int], typer.Option(

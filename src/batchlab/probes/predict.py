@@ -101,6 +101,7 @@ def measured_units(store, store_workload: str, study: str | None = None, *, n_bo
                                      "high": None, "extrapolated": None, "level": level, "reason": ""}
             with restricted(con, unit):
                 entry["trials"], entry["sweep_examples"] = unit_examples(con, unit)
+                entry["goal_train_loss"], entry["goal_train_trials"] = goal_training_loss(con, unit.workload)
                 goal, why = unit_goal(unit, con)
                 if goal is None:
                     entry["reason"] = why
@@ -138,6 +139,57 @@ def measured_units(store, store_workload: str, study: str | None = None, *, n_bo
         return out
     finally:
         con.close()
+
+
+#: The training-loss metric a matched calibrated-NQM target reads from the store.
+TRAIN_LOSS_METRIC = "train/cross_entropy_error"
+
+
+def goal_training_loss(con, store_workload: str) -> tuple[float | None, int]:
+    """``(median, n)``: the median over the ``n`` trials of ``store_workload`` that stopped at the goal
+    (status STOPPED_AT_GOAL) of the :data:`TRAIN_LOSS_METRIC` at each one's last measurement of it (the
+    evaluation that met the goal); ``(None, 0)`` when no such trial recorded it. ``con``: a store
+    connection, restricted to one unit by the caller."""
+    row = con.execute(
+        "SELECT median(v), count(*) FROM (SELECT arg_max(m.value, m.step) AS v FROM measurements m JOIN trials t "
+        "USING (workload, batch_size, trial_id) WHERE t.workload = ? AND t.status = 'STOPPED_AT_GOAL' "
+        "AND m.metric = ? AND m.step <= t.steps GROUP BY m.batch_size, m.trial_id)",
+        [store_workload, TRAIN_LOSS_METRIC]).fetchone()
+    if not row or not row[1] or row[0] is None or not math.isfinite(float(row[0])):
+        return None, 0
+    return float(row[0]), int(row[1])
+
+
+def _probe_loss(model, batches) -> float:
+    """The model's mean loss over every probe example (no gradient)."""
+    import torch
+
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for inputs, targets in batches:
+            total += float(batches.loss_fn(model(inputs), targets)) * len(targets)
+            count += len(targets)
+    return total / count
+
+
+def matched_target(checkpoint_loss: float, measured: list[dict]) -> tuple[float | None, str]:
+    """The calibrated NQM's target fraction matched to the measured sweep: ``(fraction, words)``.
+
+    ``goal`` is the median of the units' ``goal_train_loss`` (the training loss at which their trials
+    met the goal); the fraction is :func:`batchlab.probes.calibrated.matching_fraction` of the
+    checkpoint's probe loss, that goal and a floor of 0 (a cross-entropy's lowest value). None (with the
+    reason) when no unit recorded the loss or the checkpoint is already at or below the goal's loss."""
+    from batchlab.probes.calibrated import matching_fraction
+
+    goals = [m["goal_train_loss"] for m in measured if m.get("goal_train_loss") is not None]
+    if not goals:
+        return None, f"the store's trials do not record {TRAIN_LOSS_METRIC} at the goal"
+    goal = float(sorted(goals)[len(goals) // 2])
+    if not 0.0 < goal < checkpoint_loss:
+        return None, (f"the checkpoint's probe loss {checkpoint_loss:.4g} is not above the goal's training loss "
+                      f"{goal:.4g}")
+    fraction = matching_fraction(checkpoint_loss, goal, 0.0)
+    return fraction, f"matched: goal training loss {goal:.4g} / checkpoint probe loss {checkpoint_loss:.4g}"
 
 
 def _predictor(name: str, value, low=None, high=None, method: str = "", examples: int | None = None,
@@ -190,6 +242,7 @@ def predict(workload: Any, optimizer: str, *, store=None, study: str | None = No
     fraction = DEFAULT_TARGET_FRACTION if target_fraction is None else float(target_fraction)
     if not 0 < fraction < 1:
         raise BatchlabError(f"--target-fraction must lie in (0, 1), got {target_fraction!r}")
+    target_rule = "default" if target_fraction is None else "given"
     store_workload = f"{w.name}/{optimizer}"
     measured = measured_units(store, store_workload, study, n_boot=n_boot, level=level, seed=seed) if store else []
 
@@ -207,6 +260,15 @@ def predict(workload: Any, optimizer: str, *, store=None, study: str | None = No
     (checkpoint,) = list(checkpoints)
     model, loss_fn = checkpoint.model, batches.loss_fn
     reference = batch * step
+    probe_loss = _probe_loss(model, batches)
+    target_words = f"target {fraction:g} x initial loss" + (" (default)" if target_rule == "default" else "")
+    if target_fraction is None and measured:
+        matched, why = matched_target(probe_loss, measured) if not label_smoothing else (
+            None, "label smoothing changes the training loss")
+        if matched is not None:
+            fraction, target_rule, target_words = matched, "matched", f"target {matched:.3g} x initial loss ({why})"
+        else:
+            target_words += f"; not matched: {why}"
     predictors = []
 
     say("noise scale (per-example gradients and Hessian-vector products)")
@@ -249,7 +311,7 @@ def predict(workload: Any, optimizer: str, *, store=None, study: str | None = No
             say("tuning the calibrated NQM per batch size")
             curve = predict_steps(problem, [optimizer])[optimizer]
             calibrated = {"problem": problem.describe(), "curve": curve.to_dict()}
-            note = (f"{curve.words}; target {fraction:g} x initial loss" + ("; extrapolated" if curve.summary and
+            note = (f"{curve.words}; {target_words}" + ("; extrapolated" if curve.summary and
                                                                              curve.summary["extrapolated"] else "")
                     + (f"; {curve.reason}" if curve.reason else ""))
             predictors.append(_predictor("calibrated_nqm", curve.b_crit, method="", examples=cost, note=note))
@@ -300,7 +362,8 @@ def predict(workload: Any, optimizer: str, *, store=None, study: str | None = No
             rows.append(row)
     settings = {"workload": w.name, "optimizer": optimizer, "batch_size": batch, "hyperparameters": hp,
                 "steps_at": step, "seed": seed, "train_examples": train_examples, "probe_examples": n_probe,
-                "probe_batch_size": per_batch, "target_fraction": fraction, "level": level, "reference_examples": reference,
+                "probe_batch_size": per_batch, "target_fraction": fraction, "target_rule": target_rule,
+                "probe_loss": probe_loss, "level": level, "reference_examples": reference,
                 "batch_loss": checkpoint.batch_loss, "trace_sigma": ns.trace_sigma, "grad_norm_sq": ns.grad_norm_sq}
     return {"workload": w.name, "store_workload": store_workload, "optimizer": optimizer, "settings": settings,
             "predictors": predictors, "measured": measured, "calibrated": calibrated, "rows": rows}
