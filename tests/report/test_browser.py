@@ -6,7 +6,8 @@ report --nqm`` writes the page and its CSV; chromium loads the page from ``file:
 checks: no console error, no page error, no request leaving the machine, every
 ``img[data-figure]`` loaded with a natural size, inside a ``<figure>`` with a caption and an ``alt``,
 at least one figure in each unit's section (its steps-to-result figure and, with ``--nqm``, its NQM
-figure) and in the optimizers' comparison, and the CSV link resolving to the file beside the page.
+figure), in the optimizers' comparison and in the predictions section (a hand-written prediction
+file, ``--predictions``), and the CSV link resolving to the file beside the page.
 The full-page screenshot is written to the test's tmp dir (its path is printed; ``pytest -s`` or
 ``-rP`` shows it).
 
@@ -17,6 +18,7 @@ chromium is installed.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -69,7 +71,17 @@ def report(tmp_path_factory):
         registry.WORKLOADS.update(saved)
     swept = time.perf_counter()
     page = root / "page.html"
-    result = _cli("report", "--store", root / "store", "--out", page, "--nqm", "--bootstrap", 20)
+    predictions = root / "predictions.jsonl"  # one prediction and one B_simple step, as predict and probe write them
+    settings = {"workload": WORKLOAD, "optimizer": "sgd", "batch_size": 8, "hyperparameters": {"learning_rate": 0.1},
+                "steps_at": 10, "seed": 0}
+    predictions.write_text(
+        json.dumps({"workload": WORKLOAD, "optimizer": "sgd", "predictor": "b_simple", "critical_batch_size": 40.0,
+                    "low": 20.0, "high": 90.0, "interval_method": "fieller", "examples": 500, "note": "", "unit": None,
+                    "settings": settings}) + "\n"
+        + json.dumps({"step": 10, "workload": WORKLOAD, "optimizer": "sgd", "b_simple": 40.0,
+                      "b_simple_interval": {"low": 20.0, "high": 90.0}, "settings": settings}) + "\n")
+    result = _cli("report", "--store", root / "store", "--out", page, "--nqm", "--bootstrap", 20,
+                  "--predictions", predictions)
     assert result.returncode == 0, result.stderr[-3000:]
     return page, result.stdout, {"sweep": swept - started, "report": time.perf_counter() - swept}
 
@@ -112,6 +124,7 @@ def test_the_report_loads_in_headless_chromium_with_every_figure(report):
         assert any(i.endswith("-steps") for i in ids), (optimizer, ids)
         assert any(i.endswith("-nqm") for i in ids), (optimizer, ids)
     assert by_section.get("comparisons"), by_section
+    assert len(by_section.get("predictions", [])) == 2, by_section  # predicted vs measured, B_simple across training
 
     # the CSV link resolves to the table written beside the page
     csv_links = [link for link in content["links"] if link["href"].endswith(".csv")]
