@@ -45,8 +45,12 @@ if [[ "$WHAT" == all || "$WHAT" == predictions ]]; then
     for optimizer in ${optimizers//,/ }; do
       if [[ ! -s "$out/predict_$optimizer.jsonl" ]]; then
         echo "== predict $workload $optimizer against $RUNS/$store"
-        nice $BATCHLAB predict "$workload" --optimizer "$optimizer" --store "$RUNS/$store" --json >"$out/predict_$optimizer.jsonl.tmp"
-        mv "$out/predict_$optimizer.jsonl.tmp" "$out/predict_$optimizer.jsonl"
+        if nice $BATCHLAB predict "$workload" --optimizer "$optimizer" --store "$RUNS/$store" --json >"$out/predict_$optimizer.jsonl.tmp"; then
+          mv "$out/predict_$optimizer.jsonl.tmp" "$out/predict_$optimizer.jsonl"
+        else  # e.g. no trials of this optimizer in the store yet: its error line is above
+          rm -f "$out/predict_$optimizer.jsonl.tmp"
+          continue
+        fi
       fi
       if [[ ! -s "$out/noise_scale_$optimizer.jsonl" ]]; then
         echo "== B_simple across training: $workload $optimizer at steps $steps"

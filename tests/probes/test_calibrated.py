@@ -101,6 +101,19 @@ def test_density_bins_keep_directions_and_trace():
     assert np.all(problem.counts >= 1)
 
 
+def test_dropped_trace_counts_top_eigenvalues_below_the_floor():
+    """With top eigenvalues and a density, a top eigenvalue at or below the floor is dropped: it counts
+    in dropped_directions and in dropped_trace_fraction, whose total is the trace as modelled."""
+    density = {"nodes": [[1e-9, 0.01, 0.1]], "weights": [[0.5, 0.3, 0.2]], "parameters": 100}
+    top = np.array([2.0, 1.0, 1e-7])  # floor 1e-6 x 2: the last is dropped, with the bulk's node 1e-9
+    problem = calibrated_problem(top, density=density, trace_sigma=1.0, grad_norm_sq=1.0, bins=8)
+    meta = problem.metadata
+    bulk_scale = (100 - 3) / 100  # the bulk's counts rescaled to the directions the top ones leave
+    bulk = np.array([1e-9, 0.01, 0.1]) * np.array([0.5, 0.3, 0.2]) * 100 * bulk_scale
+    assert meta["dropped_directions"] == pytest.approx(0.5 * 100 * bulk_scale + 1)
+    assert meta["dropped_trace_fraction"] == pytest.approx((bulk[0] + 1e-7) / (top.sum() + bulk.sum()))
+
+
 def test_bad_input_is_one_line():
     with pytest.raises(BatchlabError, match="curvature spectrum"):
         calibrated_problem(grad_norm_sq=1.0, trace_sigma=1.0)

@@ -14,9 +14,9 @@ Modelling choices, in order:
   Given a ``density`` (stochastic Lanczos quadrature, :class:`batchlab.probes.spectrum.SpectralDensity`)
   over ``P`` parameters, each node ``lambda_pj`` of probe ``p`` with weight ``w_pj`` stands for
   ``P w_pj / probes`` directions; with top eigenvalues as well, the density's nodes at or above the
-  smallest top eigenvalue (less ``1e-6`` relative, for rounding) are replaced by the top eigenvalues
-  (count 1 each), and the bulk's counts are
-  scaled so that all counts add up to ``P`` less the dropped ones. Nodes are gathered into
+  smallest top eigenvalue kept (above the floor below; less ``1e-6`` relative, for rounding) are
+  replaced by the top eigenvalues (count 1 each), and the bulk's counts are scaled so that all counts
+  add up to ``P`` less the dropped ones. Nodes are gathered into
   ``bins`` log-spaced bins (a bin's curvature is the count-weighted mean of its nodes, so ``n h`` and
   ``tr H`` are kept); a bin of fewer than one direction is merged into the next bin down (the engine
   needs counts >= 1). Eigenvalues or nodes at or below ``floor`` times the largest (default ``1e-6``;
@@ -199,14 +199,19 @@ def calibrated_problem(eigenvalues: Sequence[float] | None = None, *, density=No
         total_trace = float(np.abs(nodes * counts).sum())
         if top is not None:
             top_keep = top[top > cut]
-            upper = nodes >= top.min() * (1 - 1e-6)  # the top eigenvalues' own Ritz values, rounding included
+            # the kept top eigenvalues' own Ritz values, rounding included (a dropped top eigenvalue's stay in
+            # the bulk, where the floor drops them too)
+            upper = nodes >= top_keep.min() * (1 - 1e-6) if top_keep.size else np.zeros(nodes.shape, bool)
             bulk_nodes, bulk_counts = nodes[~upper], counts[~upper]
             positive = bulk_nodes > cut
             budget = max(p - top.size, 0)
             scale = budget / bulk_counts.sum() if bulk_counts.sum() > 0 else 0.0
             bulk_counts = bulk_counts * scale
             dropped_n = float(bulk_counts[~positive].sum()) + float((top <= cut).sum())
-            dropped_trace = float(np.abs(bulk_nodes[~positive] * bulk_counts[~positive]).sum())
+            # the trace as modelled (the top eigenvalues and the rescaled bulk), and what of it is dropped
+            total_trace = float(np.abs(top).sum()) + float(np.abs(bulk_nodes * bulk_counts).sum())
+            dropped_trace = (float(np.abs(bulk_nodes[~positive] * bulk_counts[~positive]).sum())
+                             + float(np.abs(top[top <= cut]).sum()))
             bh, bn = _bin(bulk_nodes[positive], bulk_counts[positive], bins)
             h = np.concatenate([top_keep, bh])
             n = np.concatenate([np.ones(top_keep.size), bn])
