@@ -31,7 +31,7 @@ def predict(
     store: Annotated[Optional[str], typer.Option(
         "--store", help="A store holding a measured sweep of WORKLOAD with this optimizer: print the measured "
                         "critical batch size beside each prediction, with the ratio and the compute fraction.")] = None,
-    study: Annotated[Optional[str], typer.Option(
+    unit_id: Annotated[Optional[str], typer.Option(
         "--unit", help="With --store: only the units whose group or study ids contain this id (a sweep id or "
                         "study id); default every unit of the workload.")] = None,
     steps_at: Annotated[Optional[int], typer.Option(
@@ -68,7 +68,7 @@ def predict(
     extra = parse_hparams(hparam)
     if "learning_rate" in extra:
         raise BatchlabError("set learning_rate with --learning-rate, not --hparam")
-    result = run_predict(workload, optimizer, store=store, study=study, steps_at=steps_at, examples=examples,
+    result = run_predict(workload, optimizer, store=store, unit_id=unit_id, steps_at=steps_at, examples=examples,
                          batch_size=batch_size, learning_rate=learning_rate, hyperparameters=extra, seed=seed,
                          train_examples=train_examples, target_fraction=target_fraction, branched=branched, level=level,
                          device=check_device(device), progress=None if json_output else note)

@@ -19,7 +19,7 @@ batches of training examples (:func:`batchlab.probes.reference.probe_batches`):
   interval, when :mod:`batchlab.probes.branched` can be imported (else a note).
 
 With ``store`` the measured ``mccandlish_b_crit`` of every unit (:mod:`batchlab.report.units`) of the
-store workload ``<workload name>/<optimizer>`` (``study`` keeps the units whose group or study ids
+store workload ``<workload name>/<optimizer>`` (``unit_id`` keeps the units whose group or study ids
 contain it), by :func:`batchlab.analysis.bootstrap.critical_batch_size_with_intervals` with the
 unit's goal (:func:`batchlab.report.units.unit_goal`), with its profile-likelihood interval. Then per
 predictor and unit: ``ratio = predicted / measured`` (``ratio_low``/``ratio_high``: the range of ratios
@@ -66,7 +66,7 @@ def _interval(low, high) -> tuple[float | None, float | None]:
     return f(low), f(high)
 
 
-def measured_units(store, store_workload: str, study: str | None = None, *, n_boot: int = 200, level: float = 0.9,
+def measured_units(store, store_workload: str, unit_id: str | None = None, *, n_boot: int = 200, level: float = 0.9,
                    seed: int = 0) -> list[dict]:
     """The measured critical batch size of every unit of ``store_workload`` in ``store`` (module docstring).
 
@@ -76,7 +76,7 @@ def measured_units(store, store_workload: str, study: str | None = None, *, n_bo
 
     Raises:
         BatchlabError: not a store, no trials of ``store_workload`` (the message lists the store's
-            workloads), no unit matching ``study``.
+            workloads), no unit matching ``unit_id``.
     """
     from batchlab.analysis.bootstrap import critical_batch_size_with_intervals
     from batchlab.analysis.selection import Selection
@@ -91,10 +91,10 @@ def measured_units(store, store_workload: str, study: str | None = None, *, n_bo
         if not mine:
             raise BatchlabError(f"store {str(store)!r} has no trials of workload {store_workload!r}; it has: "
                                 f"{', '.join(known) or 'no trials'}")
-        if study is not None:
-            mine = [u for u in mine if study in u.group or study in (u.study_ids or ())]
+        if unit_id is not None:
+            mine = [u for u in mine if unit_id in u.group or unit_id in (u.study_ids or ())]
             if not mine:
-                raise BatchlabError(f"no unit of {store_workload!r} in store {str(store)!r} matches --unit {study!r}")
+                raise BatchlabError(f"no unit of {store_workload!r} in store {str(store)!r} matches --unit {unit_id!r}")
         out = []
         for unit in mine:
             entry: dict[str, Any] = {"unit": unit.name, "group": unit.group, "goal": None, "b_crit": None, "low": None,
@@ -200,7 +200,7 @@ def _predictor(name: str, value, low=None, high=None, method: str = "", examples
             "examples": examples, "note": note, **details}
 
 
-def predict(workload: Any, optimizer: str, *, store=None, study: str | None = None, steps_at: int | None = None,
+def predict(workload: Any, optimizer: str, *, store=None, unit_id: str | None = None, steps_at: int | None = None,
             examples: int | None = None, batch_size: int | None = None, learning_rate: float | None = None,
             hyperparameters: dict | None = None, seed: int = 0, train_examples: int | None = None,
             probe_batch_size: int | None = None, k: int = 10, lanczos_steps: int = 30, probes: int = 4,
@@ -244,7 +244,7 @@ def predict(workload: Any, optimizer: str, *, store=None, study: str | None = No
         raise BatchlabError(f"--target-fraction must lie in (0, 1), got {target_fraction!r}")
     target_rule = "default" if target_fraction is None else "given"
     store_workload = f"{w.name}/{optimizer}"
-    measured = measured_units(store, store_workload, study, n_boot=n_boot, level=level, seed=seed) if store else []
+    measured = measured_units(store, store_workload, unit_id, n_boot=n_boot, level=level, seed=seed) if store else []
 
     checkpoints = reference_checkpoints(w, optimizer, batch, hp, [step], seed=seed, train_examples=train_examples,
                                         device=device)
