@@ -217,6 +217,13 @@ def test_seed_spread_interval_arithmetic():
     assert (quiet.low, quiet.high, quiet.reference_sigma) == (20, 40, 0.0)  # no spread: the bracket
 
 
+def test_a_diverged_reference_branch_is_one_line_not_a_critical_batch_size():
+    # before: critical = B with bracket [B, B] while every finite k > 1 branch "passed" with ratio 0
+    losses = {(1, 1.0): math.inf, (2, 2.0): 0.5, (4, 4.0): 0.6}
+    with pytest.raises(BatchlabError, match=r"reference branch \(k = 1, B = 10\) at step 3 .*\(diverged\)"):
+        branched._summarize(3, 0.1, 10, [1, 2, 4], 40, 0.01, losses)
+
+
 def test_real_model_noise_repeats(tmp_path):
     result = measure(checkpoints_at=[3], multipliers=[1, 2], noise_repeats=2, out=tmp_path)
     point = result.checkpoints[0]

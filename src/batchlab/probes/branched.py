@@ -263,6 +263,11 @@ def _summarize(step: int, learning_rate: float, batch_size: int, multipliers: li
     """One checkpoint's :class:`BranchedCheckpoint` from ``{(k, factor): loss}`` and the repeated
     reference losses (module docstring, "Interval")."""
     reference = losses[(1, 1.0)]
+    if not (math.isfinite(reference) and reference > 0):
+        # every ratio would be 0 or undefined: no tolerance can be read against a diverged reference
+        raise BatchlabError(f"the reference branch (k = 1, B = {batch_size}) at step {step} ended with probe loss "
+                            f"{reference:g} (diverged) at learning rate {learning_rate:g}: no local critical batch size "
+                            "there; use a smaller learning rate or an earlier checkpoint")
     branches, critical, high, failed = [], batch_size, None, False
     for k in multipliers:
         tried = {f: v for (kk, f), v in losses.items() if kk == k}
