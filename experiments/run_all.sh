@@ -25,7 +25,7 @@ EXPERIMENTS=(
 PREDICTIONS=(
   "fc128_race mnist/fc_128_128_128 sgd,momentum 0,30,100,300,750,1500,3000"
   "fc64_optimizers mnist/fc_64_64_64 sgd,momentum,adam 0,30,100,300,750,1500,3000"
-  "cnn_tiny experiments/workloads.py:mnist_simple_cnn_tiny sgd,momentum,adam 0,40,130,400,1000,2000,4000"
+  "cnn_tiny experiments/workloads.py:mnist_simple_cnn_tiny momentum,adam 0,40,130,400,1000,2000,4000"
   "lstm_char shakespeare/lstm_char momentum,adam 0,10,30,100,250,500,1000"
 )
 mkdir -p "$RUNS"
@@ -49,7 +49,6 @@ if [[ "$WHAT" == all || "$WHAT" == predictions ]]; then
           mv "$out/predict_$optimizer.jsonl.tmp" "$out/predict_$optimizer.jsonl"
         else  # e.g. no trials of this optimizer in the store yet: its error line is above
           rm -f "$out/predict_$optimizer.jsonl.tmp"
-          continue
         fi
       fi
       if [[ ! -s "$out/noise_scale_$optimizer.jsonl" ]]; then
