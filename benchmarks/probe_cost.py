@@ -41,6 +41,9 @@ consistent (+1.5%, -11%).
 Two earlier runs, before the hooks were fully cleared between measured steps, gave the same
 every-step figures within 5 points.
 
+What a prediction of the critical batch size costs against the measured sweep (the branched
+estimate's compute among them) is a claim of its own: ``benchmarks/predict_cost.py``.
+
 Run (about 5 minutes): ``OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/probe_cost.py``
 """
 
