@@ -26,7 +26,7 @@ PREDICTIONS=(
   "fc128_race mnist/fc_128_128_128 sgd,momentum 0,30,100,300,750,1500,3000"
   "fc64_optimizers mnist/fc_64_64_64 sgd,momentum,adam 0,30,100,300,750,1500,3000"
   "cnn_tiny experiments/workloads.py:mnist_simple_cnn_tiny momentum,adam 0,40,130,400,1000,2000,4000"
-  "lstm_char shakespeare/lstm_char momentum,adam 0,10,30,100,250,500,1000"
+  "lstm_char shakespeare/lstm_char adam 0,10,30,100,250,500,1000"
 )
 mkdir -p "$RUNS"
 if [[ "$WHAT" == all || "$WHAT" == sweeps ]]; then
