@@ -292,3 +292,26 @@ def test_a_workload_registered_in_this_process_only_is_refused_by_pool_workers(t
     with pytest.raises(BatchlabError, match="registered in this process only"):
         run_sweep(plan)
     assert not (tmp_path / "s").exists()
+
+
+def test_only_batch_sizes_runs_a_part_of_the_same_sweep(tmp_path):
+    """--only-batch-sizes runs some batch sizes' studies first; the whole sweep run afterwards finds them
+    (same sweep id and trial keys) and runs only the rest."""
+    store = tmp_path / "store"
+    args = ["mnist/fc_64_64_64", "--optimizer", "sgd", "--batch-sizes", "8,16", "--trials", "2", "--steps", "3",
+            "--train-examples", "256", "--workers", "1", "--store", str(store), "--json"]
+    bad = run_cli(*args, "--only-batch-sizes", "16,32")
+    assert "--only-batch-sizes 32: not a batch size of this sweep; allowed: 8, 16" in _one_line_error(bad)
+    assert not store.exists()
+
+    def events(result):
+        assert result.returncode == 0, result.stderr
+        return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+
+    part = events(run_cli(*args, "--only-batch-sizes", "16"))
+    whole = events(run_cli(*args))
+    (plan_part,), (plan_whole,) = [[e for e in ev if e["event"] == "plan"] for ev in (part, whole)]
+    assert plan_part["sweep"] == plan_whole["sweep"]
+    assert (plan_part["trials"], plan_whole["trials"], plan_whole["finished_before"]) == (2, 4, 2)
+    assert sorted(e["batch_size"] for e in part if e["event"] == "trial") == [16, 16]
+    assert sorted(e["batch_size"] for e in whole if e["event"] == "trial") == [8, 8]  # 16 was found in the store

@@ -46,6 +46,10 @@ def register(app: typer.Typer) -> None:
         optimizer: Annotated[Optional[str], typer.Option(
             "--optimizer", help="Optimizer name(s), comma-separated (default: sgd).")] = None,
         batch_sizes: Annotated[Optional[str], typer.Option("--batch-sizes", help="Comma-separated batch sizes.")] = None,
+        only_batch_sizes: Annotated[Optional[str], typer.Option(
+            "--only-batch-sizes", metavar="B1,B2,...",
+            help="Run only the studies at these of the sweep's batch sizes, as part of the same sweep (same sweep "
+                 "id, study definitions and trial keys; re-run without it for the rest).")] = None,
         trials: Annotated[Optional[int], typer.Option("--trials", help="Trials (search-space points) per study.")] = None,
         store: Annotated[Optional[str], typer.Option(
             "--store", help="Store directory (created if missing; its parent directory must exist).")] = None,
@@ -121,6 +125,10 @@ def register(app: typer.Typer) -> None:
         }
         settings = sweep_config_from_options(workload, config, options)
         plan = prepare_sweep(settings)
+        if only_batch_sizes is not None:
+            from batchlab.sweep.runner import only_batch_sizes as part_of
+
+            plan = part_of(plan, opt.parse_csv(only_batch_sizes, "--only-batch-sizes", int))
         if json_lines:
             from batchlab.sweep.progress import JsonReporter
 
