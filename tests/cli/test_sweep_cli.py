@@ -295,20 +295,22 @@ def test_a_workload_registered_in_this_process_only_is_refused_by_pool_workers(t
 
 
 def test_only_batch_sizes_runs_a_part_of_the_same_sweep(tmp_path):
-    """--only-batch-sizes runs some batch sizes' studies first; the whole sweep run afterwards finds them
+    """--only-batch-sizes (and --only-optimizers) run some studies first; the whole sweep run afterwards finds them
     (same sweep id and trial keys) and runs only the rest."""
     store = tmp_path / "store"
     args = ["mnist/fc_64_64_64", "--optimizer", "sgd", "--batch-sizes", "8,16", "--trials", "2", "--steps", "3",
             "--train-examples", "256", "--workers", "1", "--store", str(store), "--json"]
     bad = run_cli(*args, "--only-batch-sizes", "16,32")
-    assert "--only-batch-sizes 32: not a batch size of this sweep; allowed: 8, 16" in _one_line_error(bad)
+    assert "--only-batch-sizes 32: not in this sweep; allowed: 8, 16" in _one_line_error(bad)
+    bad = run_cli(*args, "--only-optimizers", "adam")
+    assert "--only-optimizers adam: not in this sweep; allowed: sgd" in _one_line_error(bad)
     assert not store.exists()
 
     def events(result):
         assert result.returncode == 0, result.stderr
         return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
 
-    part = events(run_cli(*args, "--only-batch-sizes", "16"))
+    part = events(run_cli(*args, "--only-batch-sizes", "16", "--only-optimizers", "sgd"))
     whole = events(run_cli(*args))
     (plan_part,), (plan_whole,) = [[e for e in ev if e["event"] == "plan"] for ev in (part, whole)]
     assert plan_part["sweep"] == plan_whole["sweep"]

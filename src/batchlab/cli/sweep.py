@@ -50,6 +50,10 @@ def register(app: typer.Typer) -> None:
             "--only-batch-sizes", metavar="B1,B2,...",
             help="Run only the studies at these of the sweep's batch sizes, as part of the same sweep (same sweep "
                  "id, study definitions and trial keys; re-run without it for the rest).")] = None,
+        only_optimizers: Annotated[Optional[str], typer.Option(
+            "--only-optimizers", metavar="NAME,...",
+            help="Run only the studies of these of the sweep's optimizers, as part of the same sweep (as "
+                 "--only-batch-sizes).")] = None,
         trials: Annotated[Optional[int], typer.Option("--trials", help="Trials (search-space points) per study.")] = None,
         store: Annotated[Optional[str], typer.Option(
             "--store", help="Store directory (created if missing; its parent directory must exist).")] = None,
@@ -125,10 +129,12 @@ def register(app: typer.Typer) -> None:
         }
         settings = sweep_config_from_options(workload, config, options)
         plan = prepare_sweep(settings)
-        if only_batch_sizes is not None:
-            from batchlab.sweep.runner import only_batch_sizes as part_of
+        if only_batch_sizes is not None or only_optimizers is not None:
+            from batchlab.sweep.runner import part_of
 
-            plan = part_of(plan, opt.parse_csv(only_batch_sizes, "--only-batch-sizes", int))
+            plan = part_of(plan, None if only_batch_sizes is None else opt.parse_csv(only_batch_sizes,
+                                                                                      "--only-batch-sizes", int),
+                           None if only_optimizers is None else opt.parse_csv(only_optimizers, "--only-optimizers"))
         if json_lines:
             from batchlab.sweep.progress import JsonReporter
 

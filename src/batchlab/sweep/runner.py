@@ -157,22 +157,29 @@ class SweepSummary:
     trials_by_others: int = 0
 
 
-def only_batch_sizes(plan: SweepPlan, sizes) -> SweepPlan:
-    """The part of ``plan`` whose studies are at the batch sizes ``sizes``: the same sweep (its id, its
-    studies' definitions, trial keys and ids are those of the whole plan), so running the parts in any
-    order, then the whole, measures exactly what the whole would (a long sweep can run the batch sizes
-    that matter first). Budget growth applies to the part's studies as it would in the whole.
+def part_of(plan: SweepPlan, batch_sizes=None, optimizers=None) -> SweepPlan:
+    """The part of ``plan`` whose studies are at the batch sizes ``batch_sizes`` and with the optimizers
+    ``optimizers`` (None: all of the sweep's): the same sweep (its id, its studies' definitions, trial
+    keys and ids are those of the whole plan), so running the parts in any order, then the whole,
+    measures exactly what the whole would (a long sweep can run the studies that matter first). Budget
+    growth applies to the part's studies as it would in the whole.
 
     Raises:
-        BatchlabError: an empty list, or a size that is not one of the sweep's batch sizes.
+        BatchlabError: an empty list, or a batch size or optimizer that is not one of the sweep's.
     """
-    wanted = sorted({int(b) for b in sizes})
-    swept = sorted({s.batch_size for s in plan.studies})
-    unknown = [b for b in wanted if b not in swept]
-    if not wanted or unknown:
-        raise BatchlabError(f"--only-batch-sizes {','.join(map(str, unknown)) or '(empty)'}: not a batch size of "
-                            f"this sweep; allowed: {', '.join(map(str, swept))}")
-    return replace(plan, studies=[s for s in plan.studies if s.batch_size in wanted])
+    studies = plan.studies
+    for option, given, of in (("--only-batch-sizes", batch_sizes, lambda s: s.batch_size),
+                              ("--only-optimizers", optimizers, lambda s: s.optimizer)):
+        if given is None:
+            continue
+        wanted = sorted(set(given), key=str)
+        swept = sorted({of(s) for s in plan.studies}, key=lambda v: (str(type(v)), v))
+        unknown = [v for v in wanted if v not in swept]
+        if not wanted or unknown:
+            raise BatchlabError(f"{option} {','.join(map(str, unknown)) or '(empty)'}: not in this sweep; allowed: "
+                                f"{', '.join(map(str, swept))}")
+        studies = [s for s in studies if of(s) in wanted]
+    return replace(plan, studies=studies)
 
 
 def prepare_sweep(config: SweepConfig, store_path: str | None = None) -> SweepPlan:
