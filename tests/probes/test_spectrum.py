@@ -140,3 +140,40 @@ def test_no_batches_is_an_error():
     with pytest.raises(BatchlabError, match="lanczos_steps must be >= 1"):
         spectral_density(model, half_squared_error, [(torch.zeros(1, 24, dtype=torch.float64), torch.zeros(1, 1))],
                          lanczos_steps=0)
+
+
+class TinyLSTM(torch.nn.Module):
+    """An LSTM classifier over 5-step sequences: on the CPU its kernel has no forward-mode AD."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.lstm = torch.nn.LSTM(3, 4, batch_first=True)
+        self.head = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(self.lstm(x)[0][:, -1])
+
+
+@pytest.mark.parametrize("curvature", ["hessian", "ggn"])
+def test_reverse_mode_products_equal_the_forward_ones_and_serve_an_lstm(curvature):
+    """Where forward-mode AD is missing (the CPU LSTM), products fall back to reverse mode: the same
+    matrix (checked on a model where both work), and an LSTM's spectrum is measured."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(16, 3, generator=g), torch.randint(0, 2, (16,), generator=g)) for _ in range(2)]
+    loss = torch.nn.functional.cross_entropy
+    forward = CurvatureOperator(model, loss, batches, curvature)
+    reverse = CurvatureOperator(model, loss, batches, curvature)
+    reverse.forward_mode = False
+    v = np.random.default_rng(1).standard_normal(forward.size)
+    np.testing.assert_allclose(reverse(v), forward(v), rtol=1e-5, atol=1e-7)
+
+    lstm = TinyLSTM()
+    sequences = [(torch.randn(8, 5, 3, generator=g), torch.randint(0, 2, (8,), generator=g)) for _ in range(2)]
+    spectrum = top_eigenvalues(lstm, loss, sequences, k=2, curvature=curvature, seed=0)
+    assert len(spectrum.eigenvalues) == 2 and all(np.isfinite(spectrum.eigenvalues))
+    operator = CurvatureOperator(lstm, loss, sequences, curvature)
+    w = np.random.default_rng(2).standard_normal(operator.size)
+    u = np.random.default_rng(3).standard_normal(operator.size)
+    assert float(u @ operator(w)) == pytest.approx(float(w @ operator(u)), rel=1e-4, abs=1e-7)  # symmetric

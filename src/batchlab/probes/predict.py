@@ -297,12 +297,19 @@ def predict(workload: Any, optimizer: str, *, store=None, unit_id: str | None = 
                                  None if noise_failure else noise_cost, noise_failure or "tr(H Sigma) / (G^T H G)"))
 
     calibrated: dict[str, Any] = {}
+    spectrum = density = None
     if report_nqm.mapping(optimizer) is None:
         predictors.append(_predictor("calibrated_nqm", None, note=f"not modelled: {report_nqm.unsupported_reason(optimizer)}"))
     else:
         say("curvature: top eigenvalues and spectral density")
-        spectrum = top_eigenvalues(model, loss_fn, batches, k=min(k, max(w.num_parameters() - 1, 1)), seed=seed)
-        density = spectral_density(model, loss_fn, batches, lanczos_steps=lanczos_steps, probes=probes, seed=seed)
+        try:
+            spectrum = top_eigenvalues(model, loss_fn, batches, k=min(k, max(w.num_parameters() - 1, 1)), seed=seed)
+            density = spectral_density(model, loss_fn, batches, lanczos_steps=lanczos_steps, probes=probes, seed=seed)
+        except RuntimeError as exc:  # a model whose curvature products torch cannot compute: no calibrated NQM
+            spectrum = density = None
+            predictors.append(_predictor("calibrated_nqm", None,
+                                         note=f"curvature failed: {str(exc).splitlines()[0] if str(exc) else exc!r}"))
+    if report_nqm.mapping(optimizer) is not None and spectrum is not None:
         cost = simple_cost + 2 * (spectrum.matvecs + density.matvecs) * n_probe
         try:
             problem = calibrated_problem(spectrum.eigenvalues, density=density, trace_sigma=ns.trace_sigma,

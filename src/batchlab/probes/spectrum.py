@@ -192,7 +192,37 @@ class CurvatureOperator:
         flat = torch.cat([tensors[name].reshape(-1) for name in self.names])
         return flat.detach().to("cpu", torch.float64).numpy()
 
+    #: Forward-over-reverse products (the faster ones) until a model's layer has no forward-mode AD
+    #: (torch 2.13: the CPU LSTM's mkldnn kernel); then reverse-over-reverse, the same matrix.
+    forward_mode = True
+
     def _batch_product(self, x: torch.Tensor, y: torch.Tensor, v: dict) -> dict:
+        if self.forward_mode:
+            try:
+                return self._forward_product(x, y, v)
+            except (NotImplementedError, RuntimeError) as exc:
+                if "forward AD" not in str(exc) and "forward-mode" not in str(exc):
+                    raise
+                self.forward_mode = False
+        return self._reverse_product(x, y, v)
+
+    def _reverse_product(self, x: torch.Tensor, y: torch.Tensor, v: dict) -> dict:
+        """The same product by reverse mode only: H v as the pullback of the gradient (H is symmetric);
+        J v for Gauss-Newton as the pullback of the pullback (the transpose of J^T u in u)."""
+        from torch.func import grad, vjp
+
+        loss_fn, outputs = self.loss_fn, self._outputs
+        if self.curvature == "hessian":
+            _, pullback = vjp(grad(lambda p: loss_fn(outputs(p, x), y)), self.params)
+            return pullback(v)[0]
+        out, pull_params = vjp(lambda p: outputs(p, x), self.params)
+        out = out.detach()
+        _, pull_outputs = vjp(lambda u: pull_params(u)[0], torch.zeros_like(out))
+        jv = pull_outputs(v)[0]
+        _, pull_loss = vjp(grad(lambda o: loss_fn(o, y)), out)
+        return pull_params(pull_loss(jv)[0])[0]
+
+    def _forward_product(self, x: torch.Tensor, y: torch.Tensor, v: dict) -> dict:
         from torch.func import grad, jvp, vjp
 
         loss_fn, outputs = self.loss_fn, self._outputs
