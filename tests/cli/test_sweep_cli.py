@@ -142,7 +142,11 @@ def _strict_json(text):
 def test_ctrl_c_exits_130_with_one_line_and_the_rerun_resumes(tmp_path):
     store = tmp_path / "store"
     env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
-    driver = subprocess.Popen([sys.executable, "-m", "batchlab", "sweep", *TINY, "--store", str(store), "--json"],
+    # trials long enough (400 steps) that the sweep cannot finish between the first trial's line and the
+    # signal on a loaded machine (with 4 steps it sometimes did, and exited 0)
+    slow = list(TINY)
+    slow[slow.index("--steps") + 1] = "400"
+    driver = subprocess.Popen([sys.executable, "-m", "batchlab", "sweep", *slow, "--store", str(store), "--json"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     for line in driver.stdout:
         if json.loads(line)["event"] == "trial":  # the first trial is saved: Ctrl-C
@@ -157,7 +161,7 @@ def test_ctrl_c_exits_130_with_one_line_and_the_rerun_resumes(tmp_path):
     from batchlab.store import Store
 
     assert 1 <= n < 4 and len(Store.open(store).table("trials")) == n
-    result = run_cli(*TINY, "--store", str(store), "--json")
+    result = run_cli(*slow, "--store", str(store), "--json")
     assert result.returncode == 0, result.stderr
     events = _strict_json(result.stdout)
     assert events[0]["finished_before"] == n
