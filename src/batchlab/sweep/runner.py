@@ -172,8 +172,8 @@ def part_of(plan: SweepPlan, batch_sizes=None, optimizers=None) -> SweepPlan:
                               ("--only-optimizers", optimizers, lambda s: s.optimizer)):
         if given is None:
             continue
-        wanted = sorted(set(given), key=str)
-        swept = sorted({of(s) for s in plan.studies}, key=lambda v: (str(type(v)), v))
+        wanted = sorted(set(given))
+        swept = sorted({of(s) for s in plan.studies})
         unknown = [v for v in wanted if v not in swept]
         if not wanted or unknown:
             raise BatchlabError(f"{option} {','.join(map(str, unknown)) or '(empty)'}: not in this sweep; allowed: "
