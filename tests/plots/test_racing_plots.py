@@ -9,7 +9,7 @@ from analysis_fixtures import race_trials, tables_from_trials, trial  # noqa: E4
 from batchlab.analysis.metaparameters import trial_outcomes  # noqa: E402
 from batchlab.analysis.selection import Selection  # noqa: E402
 from batchlab.analysis.tables import connect_tables  # noqa: E402
-from batchlab.plots.shallue import OUTCOME_STYLE, lr_momentum_scatter_figure  # noqa: E402
+from batchlab.plots.tuning import OUTCOME_STYLE, lr_momentum_scatter_figure  # noqa: E402
 
 W = "mnist/fc_64_64_64/momentum"
 M = "val/classification_error"

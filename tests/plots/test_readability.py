@@ -7,12 +7,9 @@ import pandas as pd
 import pytest
 
 from batchlab.analysis.curve import StepsCurve
-from batchlab.plots.shallue import (
-    lr_momentum_scatter_figure,
-    readable_log_ticks,
-    scatter_columns,
-    steps_to_result_figure,
-)
+from batchlab.plots.axes import readable_log_ticks
+from batchlab.plots.shallue import steps_to_result_figure
+from batchlab.plots.tuning import lr_momentum_scatter_figure, scatter_columns
 
 
 def labelled_ticks(axis) -> list[float]:

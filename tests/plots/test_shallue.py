@@ -15,14 +15,12 @@ from batchlab.analysis.selection import Selection  # noqa: E402
 from batchlab.analysis.steps_to_result import steps_to_result  # noqa: E402
 from batchlab.analysis.tables import connect_tables  # noqa: E402
 from batchlab.errors import BatchlabError  # noqa: E402
-from batchlab.plots.shallue import (  # noqa: E402
+from batchlab.plots.axes import save_figure  # noqa: E402
+from batchlab.plots.shallue import compare_workloads_figure, goals_figure, steps_to_result_figure  # noqa: E402
+from batchlab.plots.tuning import (  # noqa: E402
     best_measurement_figure,
-    compare_workloads_figure,
-    goals_figure,
     lr_momentum_scatter_figure,
     metaparameters_figure,
-    save_figure,
-    steps_to_result_figure,
 )
 
 W = "mnist/simple_cnn_base/nesterov_momentum"

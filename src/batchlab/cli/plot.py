@@ -64,7 +64,8 @@ def steps_to_result_plot(
     """Steps to result against batch size (log2 axes): resolution brackets as error bars, unreached
     batch sizes at their censoring bound with an upward arrow, the perfect-scaling line from B0, the
     fitted S(B) (labelled as a fit) and the regimes read from the data, shaded (docs/methods.md)."""
-    from batchlab.plots.shallue import check_figure_path, save_figure, steps_to_result_figure
+    from batchlab.plots.axes import check_figure_path, save_figure
+    from batchlab.plots.shallue import steps_to_result_figure
 
     check_figure_path(out)
     from batchlab.analysis.regimes import check_tolerance
@@ -117,7 +118,8 @@ def compare_workloads_plot(
     fit: opt.Fit = True,
 ) -> None:
     """Steps-to-result curves of several workloads, normalised to compare their shapes."""
-    from batchlab.plots.shallue import check_figure_path, compare_workloads_figure, save_figure
+    from batchlab.plots.axes import check_figure_path, save_figure
+    from batchlab.plots.shallue import compare_workloads_figure
 
     check_figure_path(out)
     metrics = _one_or_each("--metric", metrics, len(workloads))
@@ -152,7 +154,8 @@ def goals_plot(
     fit: opt.Fit = True,
 ) -> None:
     """Steps to result for several goals on one workload."""
-    from batchlab.plots.shallue import check_figure_path, goals_figure, save_figure
+    from batchlab.plots.axes import check_figure_path, save_figure
+    from batchlab.plots.shallue import goals_figure
 
     check_figure_path(out)
     selections = [
@@ -187,7 +190,8 @@ def metaparameters_plot(
     docs/methods.md, "Search-edge warnings") are ringed in the figure and listed on stderr."""
     from batchlab.analysis.metaparameters import optimal_metaparameters, search_edge_warnings
     from batchlab.analysis.steps_to_result import steps_to_result_many
-    from batchlab.plots.shallue import check_figure_path, metaparameters_figure, save_figure
+    from batchlab.plots.axes import check_figure_path, save_figure
+    from batchlab.plots.tuning import metaparameters_figure
 
     check_figure_path(out)
     selection = make_selection(
@@ -230,7 +234,8 @@ def lr_momentum_plot(
     (docs/methods.md, "Search-edge warnings"); those warnings are also listed on stderr."""
     from batchlab.analysis.metaparameters import search_edge_warnings, searched_ranges, trial_outcomes
     from batchlab.analysis.steps_to_result import steps_to_result_many
-    from batchlab.plots.shallue import check_figure_path, lr_momentum_scatter_figure, save_figure
+    from batchlab.plots.axes import check_figure_path, save_figure
+    from batchlab.plots.tuning import lr_momentum_scatter_figure
 
     check_figure_path(out)
     selection = make_selection(
@@ -272,7 +277,8 @@ def best_measurement_plot(
 ) -> None:
     """Best measurement against batch size, one line per budget (give step or example budgets)."""
     from batchlab.analysis.budgets import best_measurement_by_budget
-    from batchlab.plots.shallue import best_measurement_figure, check_figure_path, save_figure
+    from batchlab.plots.axes import check_figure_path, save_figure
+    from batchlab.plots.tuning import best_measurement_figure
 
     check_figure_path(out)
     if bool(step_budgets) == bool(example_budgets):

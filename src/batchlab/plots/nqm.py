@@ -6,7 +6,7 @@ returns ``{figure name: path}`` plus the critical-batch-size summaries. Files ar
 Every panel of the fits grid (``critical_batch_size_fits``) has its own axis labels and a legend with
 its own numbers (B_crit of the fit, the data-read regime boundaries, or that the data do not show one),
 placed in a band above the data; every log axis has at least three labelled ticks
-(:func:`batchlab.plots.shallue.readable_log_ticks`); the training-curves title names the problem the
+(:func:`batchlab.plots.axes.readable_log_ticks`); the training-curves title names the problem the
 curves were computed on (:func:`training_curves_title`).
 """
 
@@ -116,7 +116,7 @@ def write_nqm_figures(data: dict, out_dir: str | Path, only=None) -> dict[str, P
 
     from matplotlib.ticker import FuncFormatter, LogLocator
 
-    from batchlab.plots.shallue import readable_log_ticks
+    from batchlab.plots.axes import readable_log_ticks
 
     def short(value, _pos):
         exponent = np.log10(value) if value > 0 else 0.0

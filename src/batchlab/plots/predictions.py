@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from batchlab.plots.shallue import _colors, _log2_x, _tick_text, readable_log_ticks
+from batchlab.plots.axes import distinct_colors, log2_x_axis, readable_log_ticks, tick_text
 
 MEASURED_COLOR = "#333333"
 BAND_COLOR = "#4a7"
@@ -98,7 +98,7 @@ def predictions_figure(points: Sequence[Point], measured: Measured, title: str) 
         ax.axvspan(m_lo, m_hi, facecolor=MEASURED_COLOR, alpha=0.1, edgecolor=MEASURED_COLOR, ls=":", lw=1,
                    label="measured B_crit interval")
         ax.axvline(m, color=MEASURED_COLOR, lw=1.5, label=f"measured B_crit {m:.4g}")
-    colors = _colors(max(len(drawn), 1))
+    colors = distinct_colors(max(len(drawn), 1))
     for i, p in enumerate(drawn):
         y = len(drawn) - 1 - i
         v = float(p.value)
@@ -113,9 +113,9 @@ def predictions_figure(points: Sequence[Point], measured: Measured, title: str) 
         if p.high is None or not math.isfinite(float(p.high)):
             ax.plot([hi], [y], marker=">", color=colors[i], ms=7)
         ax.plot([v], [y], marker="o", color=colors[i], ms=7, markeredgecolor="black")
-    _log2_x(ax)
+    log2_x_axis(ax)
     ax.xaxis.set_major_locator(LogLocator(base=2, numticks=8))  # wide ranges: every other octave or sparser
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _tick_text(v)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: tick_text(v)))
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlim(lo, hi)
     if measured.drawn:
@@ -144,7 +144,7 @@ def b_simple_figure(series: Sequence[Series], measured: Measured, title: str) ->
     """
     fig = Figure(figsize=(7.5, 4.2))
     ax = fig.add_subplot()
-    colors = _colors(max(len(series), 1))
+    colors = distinct_colors(max(len(series), 1))
     ys, any_zero = [], False
     for color, s in zip(colors, series):
         xs = [(x, float(v), lo, hi) for x, v, lo, hi in zip(s.steps, s.values, s.lows, s.highs) if _positive(v)]
@@ -170,7 +170,7 @@ def b_simple_figure(series: Sequence[Series], measured: Measured, title: str) ->
     last = max(steps, default=1)
     if any_zero:
         ax.set_xscale("symlog", linthresh=1.0)
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _tick_text(v)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: tick_text(v)))
         ax.set_xlim(-0.3, max(last, 1) * 1.5)
         ax.set_xlabel("reference run step (symlog axis: linear below 1)")
     else:

@@ -339,7 +339,7 @@ def _metaparameters(con, out: UnitResult, selection) -> None:
         searched_ranges,
         trial_outcomes,
     )
-    from batchlab.plots.shallue import lr_momentum_scatter_figure, metaparameters_figure
+    from batchlab.plots.tuning import lr_momentum_scatter_figure, metaparameters_figure
 
     name = out.key
     edges = search_edge_warnings(con, out.results)
@@ -416,7 +416,7 @@ def choose_budgets(out: UnitResult) -> list[int]:
 
 def _best_measurement(con, out: UnitResult, selection) -> None:
     from batchlab.analysis.budgets import best_measurement_by_budget
-    from batchlab.plots.shallue import best_measurement_figure
+    from batchlab.plots.tuning import best_measurement_figure
 
     budgets = choose_budgets(out)
     kwargs = dict(kind="step", maximize=selection.maximize, max_trials=selection.max_trials,
