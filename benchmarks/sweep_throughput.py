@@ -12,7 +12,7 @@ in the same process.
    which other processes on shared cores do not inflate), and a check that the results agree (on the
    CPU the fused path is identical to the bit; otherwise statuses, steps and steps to goal must be
    identical and measurements within rounding; mismatches are listed).
-   ``--only rule``: what the measured cost rule (``batchlab.sweep.vectorized.vectorization_costs``)
+   ``--only rule``: what the measured cost rule (``batchlab.sweep.vectorize_choice.vectorization_costs``)
    estimates and chooses at batch sizes 1..1024, shared and own batch orders.
 3. Per-trial overhead of the Dask executor (a loopback LocalCluster) against the local pool: the
    same one-step trials through both, one worker each; plus the bare dispatch cost of a no-op task.
@@ -152,7 +152,8 @@ def vectorized_ratio(workloads: list[str], optimizer: str, k: int, steps: dict[i
     """Whole trials (training, the workload's evaluation schedule, replay of the goal's bracket): K
     trials with one shared batch order one after another with ``run_trial`` against one
     ``run_trials_vectorized`` call, same specs, same process; checks that the results agree."""
-    from batchlab.sweep.vectorized import StackedTrials, run_trials_vectorized, vectorization_costs
+    from batchlab.sweep.vectorize_choice import vectorization_costs
+    from batchlab.sweep.vectorized import StackedTrials, run_trials_vectorized
     from batchlab.train import prepare_trial, run_trial
 
     for workload in workloads:
@@ -187,7 +188,7 @@ def cost_rule(workload: str, optimizer: str, k: int, steps: int) -> None:
     chooses per batch size, with a shared and with each trial's own batch order."""
     from dataclasses import replace
 
-    from batchlab.sweep.vectorized import vectorization_costs
+    from batchlab.sweep.vectorize_choice import vectorization_costs
 
     for batch_size in (1, 16, 64, 256, 1024):
         specs = _shared_specs(workload, optimizer, batch_size, k, steps)

@@ -12,8 +12,10 @@ from torch import nn
 
 import batchlab.workloads.registry as registry
 from batchlab.errors import BatchlabError
-from batchlab.sweep.vectorized import (StackedTrials, measure_stacked, mlp_layers, run_trials_vectorized, shared_order_seed,
-                                       vectorization_costs, vectorization_obstacle, vectorization_pays)
+from batchlab.sweep.fused_mlp import mlp_layers
+from batchlab.sweep.vectorize_choice import vectorization_costs, vectorization_pays
+from batchlab.sweep.vectorized import (StackedTrials, measure_stacked, run_trials_vectorized, shared_order_seed,
+                                       vectorization_obstacle)
 from batchlab.train import TrialSpec, prepare_trial, run_trial
 from batchlab.train.evaluation import measure
 
@@ -303,13 +305,13 @@ def test_measure_stacked_streams_the_workloads_batches():
 def test_cost_rule_measures_and_leaves_the_trials_alone(monkeypatch):
     import copy
 
-    import batchlab.sweep.vectorized as vectorized
+    import batchlab.sweep.vectorize_choice as choice
 
     specs = _specs("momentum", data_order_seed=5)
     before = copy.deepcopy(specs)
     first_run = run_trials_vectorized(specs)
     rng = torch.get_rng_state()
-    monkeypatch.setattr(vectorized, "_PAYS", {})
+    monkeypatch.setattr(choice, "_PAYS", {})
     cost = vectorization_costs(specs)
     assert cost.sequential > 0 and cost.vectorized > 0 and cost.ratio == cost.sequential / cost.vectorized
     pays = vectorization_pays(specs)
@@ -320,11 +322,11 @@ def test_cost_rule_measures_and_leaves_the_trials_alone(monkeypatch):
     # what cannot be vectorized is never chosen; on the CPU, neither is the inexact vmap path (a model
     # that is not an MLP), so timing never changes a result
     assert vectorization_pays(_toy_specs(_dropout)) is False
-    monkeypatch.setattr(vectorized, "vectorization_costs", lambda specs, **kw: pytest.fail("the vmap path was timed"))
+    monkeypatch.setattr(choice, "vectorization_costs", lambda specs, **kw: pytest.fail("the vmap path was timed"))
     toy = _toy_specs(_random_buffer, seeds=(3, 3))
     assert run_trials_vectorized(toy) and vectorization_pays(toy) is False
     # cached per (workload, optimizer, batch size, K, device, shared order): measured once
-    monkeypatch.setattr(vectorized, "vectorization_costs", lambda specs, **kw: pytest.fail("measured twice"))
+    monkeypatch.setattr(choice, "vectorization_costs", lambda specs, **kw: pytest.fail("measured twice"))
     assert vectorization_pays(copy.deepcopy(specs)) is pays
     assert vectorization_pays(specs[:1]) is False
     assert vectorization_pays([specs[0], replace(specs[1], batch_size=32)]) is False
@@ -420,10 +422,10 @@ def test_mlp_layers_refuses_what_the_fused_path_would_not_compute():
 @pytest.mark.parametrize("make_model", [_weight_norm_mlp, _hooked_mlp, _Raises, _RaisesInEvaluation],
                          ids=["weight-norm", "hooked", "raises", "raises-in-evaluation"])
 def test_models_outside_the_fused_path_never_fail_with_a_traceback(monkeypatch, make_model):
-    import batchlab.sweep.vectorized as vectorized
+    import batchlab.sweep.vectorize_choice as choice
     from batchlab.sweep.vectorized import NotVectorizable
 
-    monkeypatch.setattr(vectorized, "_PAYS", {})
+    monkeypatch.setattr(choice, "_PAYS", {})
     specs = _mlp_specs(make_model)
     assert vectorization_pays(specs) is False  # on the CPU: not an MLP (vmap is not exact), never an exception
     _HOOK_CALLS.clear()
@@ -444,8 +446,8 @@ def test_models_outside_the_fused_path_never_fail_with_a_traceback(monkeypatch, 
 @pytest.mark.parametrize("order", [None, 5], ids=["own-orders", "shared-order"])
 @pytest.mark.parametrize(("batch", "inputs", "hidden"), [(1, 32, 10), (1, 8, 4), (2, 16, 10), (3, 20, 5), (16, 64, 64)])
 def test_small_layers_are_chosen_on_the_cpu_only_when_measured_bit_identical(monkeypatch, order, batch, inputs, hidden):
-    import batchlab.sweep.vectorized as vectorized
-    from batchlab.sweep.vectorized import VectorizationCost
+    import batchlab.sweep.vectorize_choice as choice
+    from batchlab.sweep.vectorize_choice import VectorizationCost
 
     def make_model():
         return nn.Sequential(nn.Linear(inputs, hidden), nn.ReLU(), nn.Linear(hidden, 4))
@@ -462,22 +464,22 @@ def test_small_layers_are_chosen_on_the_cpu_only_when_measured_bit_identical(mon
     # choose an inexact path on the CPU
     if cost.exact:
         assert identical
-    monkeypatch.setattr(vectorized, "_PAYS", {})
+    monkeypatch.setattr(choice, "_PAYS", {})
     pays = vectorization_pays(specs)
     if not identical:
         assert not cost.exact and pays is False
     assert not pays or cost.exact
     # the rule itself: on the CPU exact AND cheaper
     for exact, expected in ((False, False), (True, True)):
-        monkeypatch.setattr(vectorized, "_PAYS", {})
-        monkeypatch.setattr(vectorized, "vectorization_costs",
+        monkeypatch.setattr(choice, "_PAYS", {})
+        monkeypatch.setattr(choice, "vectorization_costs",
                             lambda specs, exact=exact, **kw: VectorizationCost(sequential=1.0, vectorized=0.01, exact=exact))
         assert vectorization_pays(specs) is expected
 
 
 def test_pays_cache_follows_the_workload_key_and_the_model(monkeypatch):
-    import batchlab.sweep.vectorized as vectorized
-    from batchlab.sweep.vectorized import VectorizationCost
+    import batchlab.sweep.vectorize_choice as choice
+    from batchlab.sweep.vectorize_choice import VectorizationCost
 
     calls = []
 
@@ -485,13 +487,13 @@ def test_pays_cache_follows_the_workload_key_and_the_model(monkeypatch):
         calls.append(len(specs))
         return VectorizationCost(sequential=1.0, vectorized=0.1, exact=True)
 
-    monkeypatch.setattr(vectorized, "_PAYS", {})
-    monkeypatch.setattr(vectorized, "vectorization_costs", costs)
+    monkeypatch.setattr(choice, "_PAYS", {})
+    monkeypatch.setattr(choice, "vectorization_costs", costs)
     small = _mlp_specs(lambda: nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4)))
     wide = _mlp_specs(lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)))  # same name, new model
     assert vectorization_pays(small) and vectorization_pays(small) and calls == [3]
     assert vectorization_pays(wide) and calls == [3, 3]  # measured again: not the stale answer
-    assert any(k[0] == "toy/mlp" for k in vectorized._PAYS)
+    assert any(k[0] == "toy/mlp" for k in choice._PAYS)
 
 
 def test_driver_does_not_vectorize_what_the_worker_never_would():
@@ -517,7 +519,7 @@ def test_driver_does_not_vectorize_what_the_worker_never_would():
 
 
 def test_driver_rule_follows_a_workload_re_registered_under_its_name():
-    from batchlab.sweep.vectorized import mlp_workload
+    from batchlab.sweep.fused_mlp import mlp_workload
     from batchlab.workloads import Workload, register_workload
 
     def workload(make_model):

@@ -192,7 +192,7 @@ class TrialTask:
     ``(first step meeting the goal, trial id)`` of the study's trials published before (a resumed
     or extended study), which the race starts from. ``choose`` (``vectorize = "auto"``): the worker
     runs a vectorized task vectorized only when it measures that it pays
-    (:func:`batchlab.sweep.vectorized.vectorization_pays`), else one trial at a time.
+    (:func:`batchlab.sweep.vectorize_choice.vectorization_pays`), else one trial at a time.
     """
 
     study: StudyPlan

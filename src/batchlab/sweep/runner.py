@@ -35,7 +35,7 @@ imported by pool or Dask workers, and :func:`run_sweep` refuses it (one line) un
 The vectorization rule: a study runs its trials K at a time (``vectorize_trials``) as one batched
 computation when its optimizer is vectorizable (sgd, momentum, nesterov, adam), no trial uses
 ``ema_decay`` or a differing ``label_smoothing``, and ``vectorize`` is ``"always"``, or ``"auto"``
-and the worker measures that it pays (:func:`batchlab.sweep.vectorized.vectorization_pays`: a few
+and the worker measures that it pays (:func:`batchlab.sweep.vectorize_choice.vectorization_pays`: a few
 steps and one evaluation batch of both paths timed on copies, cached per kind of task; on the CPU
 only where a self-check finds the vectorized trials bit-identical to sequential ones, so the choice
 does not change a result; under ``auto`` on the CPU only fully connected models, the only ones that
@@ -300,8 +300,8 @@ def should_vectorize(config: SweepConfig, study: StudyPlan, num_parameters: int)
     Under ``"auto"`` a study the worker could never choose to vectorize stays one trial per task (so
     the work splits across workers, and a lost worker re-runs one trial): on the CPU
     (``study.device_type``) only an MLP's trials can be chosen (the exact fused path:
-    :func:`batchlab.sweep.vectorized.vectorization_pays`), so a workload whose model is not one
-    (:func:`batchlab.sweep.vectorized.mlp_workload`, built once per workload key) is not vectorized."""
+    :func:`batchlab.sweep.vectorize_choice.vectorization_pays`), so a workload whose model is not one
+    (:func:`batchlab.sweep.fused_mlp.mlp_workload`, built once per workload key) is not vectorized."""
     from batchlab.optim import get_optimizer
 
     if config.vectorize == "never" or study.trials < 2 or get_optimizer(study.optimizer).vectorized is None:
@@ -312,7 +312,7 @@ def should_vectorize(config: SweepConfig, study: StudyPlan, num_parameters: int)
     if len({float(p.get("label_smoothing") or 0.0) for p in points}) > 1:
         return False
     if config.vectorize == "auto" and study.device_type == "cpu":
-        from batchlab.sweep.vectorized import mlp_workload
+        from batchlab.sweep.fused_mlp import mlp_workload
 
         return mlp_workload(study.workload)  # the worker decides by measured cost (TrialTask.choose)
     return True  # "always"; with "auto" on an accelerator the worker decides by measured cost

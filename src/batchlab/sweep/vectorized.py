@@ -17,7 +17,7 @@ How one step is computed (:class:`StackedTrials`):
   gathered per step and fed to all of them.
 * **The fused path** (a multilayer perceptron: an ``nn.Sequential`` of an optional ``Flatten`` then
   ``Linear``/``ReLU`` layers ending in a ``Linear``, with exactly those layers' parameters, no
-  buffers and no hooks, the built-in ``fc_*`` workloads, :func:`mlp_layers`): with a shared order
+  buffers and no hooks, the built-in ``fc_*`` workloads, :func:`~batchlab.sweep.fused_mlp.mlp_layers`): with a shared order
   the first layer of the K models is one matrix product ``(B, d) x (d, K*h)`` (its weight gradient
   one ``(K*h, B) x (B, d)``); the other layers (and the first with own orders) are batched products
   whose backward uses ``torch.nn.Linear``'s own products (``_BatchedLinear``); one loss per trial on
@@ -28,7 +28,7 @@ How one step is computed (:class:`StackedTrials`):
   and measurements equal its sequential run's **to the bit** for products large enough (the
   built-in ``fc_*`` workloads at their usual batch sizes), while for small layers (``N x in x out``
   below about 400 on torch 2.13) the batched products take another kernel and round differently.
-  So bit-identity is not assumed but measured (:func:`vectorization_costs`' exactness self-check).
+  So bit-identity is not assumed but measured (:func:`~batchlab.sweep.vectorize_choice.vectorization_costs`' exactness self-check).
 * **Other models**: one ``torch.func.vmap`` of ``grad_and_value(functional_call(...))`` over the
   stacked parameters and the stacked batches (a shared batch unbatched, ``in_dims=None``); batched
   and unbatched products round differently, so these agree with sequential runs up to rounding.
@@ -55,7 +55,7 @@ to the bit on the CPU where the exactness self-check says so (above); otherwise,
 ``vmap``, vectorized trials agree with sequential runs up to floating-point rounding, which the
 tests bound.
 
-Whether vectorizing pays is measured, not assumed (:func:`vectorization_pays`): a few steps and one
+Whether vectorizing pays is measured, not assumed (:func:`~batchlab.sweep.vectorize_choice.vectorization_pays`): a few steps and one
 evaluation batch of both paths are timed on copies, and the cheaper per trial wins; on the CPU only
 an MLP whose vectorized results the self-check found equal to the sequential ones, to the bit, so
 that the choice never changes a result (``vectorize = "always"`` forces the vectorized path, exact
@@ -76,10 +76,8 @@ evaluations are on the trials' device (all K share one).
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -87,6 +85,7 @@ from torch import nn
 
 from batchlab.errors import BatchlabError
 from batchlab.optim.schedules import learning_rate_multiplier
+from batchlab.sweep.fused_mlp import mlp_forward, mlp_layers
 from batchlab.train import TrialResult, TrialSpec, prepare_trial
 from batchlab.train.core import batch_source, evaluate_trials, replay_bracket, train_loop
 from batchlab.train.device import fork_rng
@@ -96,8 +95,8 @@ from batchlab.train.sampling import BatchSampler
 from batchlab.train.trial import new_progress, new_racer, order_seed, trial_result
 
 __all__ = [
-    "NotVectorizable", "StackedTrials", "VectorizationCost", "measure_stacked", "mlp_layers", "mlp_workload",
-    "run_trials_vectorized", "shared_order_seed", "vectorization_costs", "vectorization_obstacle", "vectorization_pays",
+    "NotVectorizable", "StackedTrials", "eval_batch_size", "measure_stacked", "run_trials_vectorized",
+    "shared_order_seed", "vectorization_obstacle",
 ]
 
 
@@ -154,129 +153,18 @@ def _schedule(hyper: dict[str, Any], total: int) -> tuple[float, int | None, flo
     return hyper["learning_rate"], decay, hyper["end_learning_rate_factor"] or 0.0, hyper["warmup_steps"]
 
 
-# --- the fused multilayer perceptron ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MLPLayers:
-    """The layout of an ``nn.Sequential`` MLP: ``flatten`` (a leading ``nn.Flatten()``) and, per
-    ``Linear`` layer, the names of its weight and bias (``None``: no bias) in ``named_parameters``."""
-
-    flatten: bool
-    layers: tuple[tuple[str, str | None], ...]
-
-
-_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-                 "_global_backward_pre_hooks", "_global_forward_hooks_always_called", "_global_forward_hooks_with_kwargs")
-
-
-def _hooked(model: nn.Module) -> bool:
-    """Whether a forward or backward hook (on any of ``model``'s modules, or a global module hook) or
-    an instance's own ``forward`` would run code the fused path does not."""
-    import torch.nn.modules.module as module_mod
-
-    if any(getattr(module_mod, name, None) for name in _GLOBAL_HOOKS):
-        return True
-    return any(getattr(m, name, None) for m in model.modules() for name in _HOOKS) or any(
-        "forward" in vars(m) for m in model.modules())
-
-
-def mlp_layers(model: nn.Module) -> MLPLayers | None:
-    """The :class:`MLPLayers` of ``model`` if it is exactly ``nn.Sequential([nn.Flatten()], Linear,
-    ReLU, Linear, ..., ReLU, Linear)`` (the classes themselves, no subclasses; Flatten over all but the
-    first dimension), else ``None``: the models whose K copies the fused path computes.
-
-    Exactly: its parameters are the Linear layers' ``<name>.weight`` and ``<name>.bias`` and nothing
-    else (``nn.utils.weight_norm`` or a parametrization renames them), it has no buffers, and no hook
-    would run in its forward or backward pass (forward, forward-pre, backward and backward-pre hooks
-    of any of its modules, global module hooks, an instance's own ``forward``): the fused path
-    computes the layers' products itself and would skip them."""
-    if type(model) is not nn.Sequential:
-        return None
-    children = list(model.named_children())
-    flatten = bool(children) and type(children[0][1]) is nn.Flatten
-    if flatten:
-        if (children[0][1].start_dim, children[0][1].end_dim) != (1, -1):
-            return None
-        children = children[1:]
-    if len(children) % 2 == 0:  # empty, or not ending in a Linear layer
-        return None
-    layers = []
-    for position, (name, module) in enumerate(children):
-        if position % 2 == 1:
-            if type(module) is not nn.ReLU:
-                return None
-            continue
-        if type(module) is not nn.Linear:
-            return None
-        layers.append((f"{name}.weight", f"{name}.bias" if getattr(module, "bias", None) is not None else None))
-    expected = [n for layer in layers for n in layer if n is not None]
-    if [n for n, _ in model.named_parameters()] != expected or next(model.buffers(), None) is not None:
-        return None
-    if _hooked(model):
-        return None
-    return MLPLayers(flatten, tuple(layers))
-
-
-class _BatchedLinear(torch.autograd.Function):
-    """K linear layers on K inputs: ``a (K, N, in) -> a @ w^T + b`` (``w (K, out, in)``, ``b (K, out)``
-    or ``None``), whose backward computes each trial's gradients with the products
-    ``torch.nn.Linear``'s own backward uses (``grad^T @ a`` for the weight, ``grad @ w`` for the
-    input, ``grad`` summed over the batch for the bias), so each trial's gradient is the one its own
-    model gets, to the bit on CPU."""
-
-    @staticmethod
-    def forward(a: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        weight = w.transpose(1, 2)
-        return torch.bmm(a, weight) if b is None else torch.baddbmm(b.unsqueeze(1), a, weight)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
-        a, w, _ = inputs
-        ctx.save_for_backward(a, w)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        a, w = ctx.saved_tensors
-        grad_a = torch.bmm(grad, w) if ctx.needs_input_grad[0] else None
-        grad_w = torch.bmm(grad.transpose(1, 2), a) if ctx.needs_input_grad[1] else None
-        grad_b = grad.sum(1) if ctx.needs_input_grad[2] else None
-        return grad_a, grad_w, grad_b
-
-
-def _mlp_forward(mlp: MLPLayers, params: dict[str, torch.Tensor], x: torch.Tensor, shared: bool = True) -> torch.Tensor:
-    """The outputs ``(K, N, out)`` of the K stacked MLPs ``params`` (each ``(K, ...)``) on ONE input ``x``
-    (``(N, ...)``, ``shared``): the first layer as one matrix product ``(N, d) x (d, K*h)``; or on K
-    stacked inputs ``(K, N, ...)`` (not ``shared``): the first layer batched too. Later layers are
-    :class:`_BatchedLinear`."""
-    (weight_name, bias_name), rest = mlp.layers[0], mlp.layers[1:]
-    weight, bias = params[weight_name], params[bias_name] if bias_name else None
-    if shared:
-        inputs = x.flatten(1) if mlp.flatten else x
-        k, h, d = weight.shape
-        flat = weight.reshape(k * h, d).t()
-        z = torch.addmm(bias.reshape(k * h), inputs, flat) if bias is not None else inputs @ flat
-        z = z.view(inputs.shape[0], k, h).transpose(0, 1)  # (K, N, h), a view: trial k's columns
-    else:
-        z = _BatchedLinear.apply(x.flatten(2) if mlp.flatten else x, weight, bias)
-    for weight_name, bias_name in rest:
-        z = _BatchedLinear.apply(z.relu(), params[weight_name], params[bias_name] if bias_name else None)
-    return z
-
-
 # --- the stacked computation ------------------------------------------------------------------------------
 
 
 class StackedTrials:
     """K prepared trials (:func:`batchlab.train.prepare_trial`) as one stacked computation: their
     stacked parameters, buffers and optimizer state, the batch of a step, one update, the forward pass
-    of all K on one input. What :func:`run_trials_vectorized` runs and :func:`vectorization_costs` times.
+    of all K on one input. What :func:`run_trials_vectorized` runs and :func:`~batchlab.sweep.vectorize_choice.vectorization_costs` times.
 
     ``shared``: the trials share one batch order (:func:`shared_order_seed`); ``fused``: the model is
-    an MLP computed by the fused path (:func:`mlp_layers`), else ``vmap``; ``exact``: each trial runs
+    an MLP computed by the fused path (:func:`~batchlab.sweep.fused_mlp.mlp_layers`), else ``vmap``; ``exact``: each trial runs
     its sequential operations (the fused path on the CPU), which round alike when torch picks the same
-    kernels (measured by :func:`vectorization_costs`, not promised). Raises
+    kernels (measured by :func:`~batchlab.sweep.vectorize_choice.vectorization_costs`, not promised). Raises
     :class:`NotVectorizable` when the models cannot be stacked or the model cannot run vectorized
     (``check``: one training step and one evaluation forward pass of all K on copies, the module
     docstring).
@@ -320,14 +208,14 @@ class StackedTrials:
                 # one loss per trial on its own (N, out) outputs, as the trial alone computes it
                 leaves = {name: value.detach().requires_grad_() for name, value in p.items()}
                 with torch.enable_grad():
-                    outputs = _mlp_forward(mlp, leaves, x, shared)
+                    outputs = mlp_forward(mlp, leaves, x, shared)
                     targets = [y] * len(outputs) if shared else y
                     losses = torch.stack([loss(out, target) for out, target in zip(outputs, targets)])
                     grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
                 return dict(zip(leaves, grads)), losses.detach()
 
             self.grad_and_loss = grad_and_loss
-            self.forward = lambda p, b, x: _mlp_forward(mlp, p, x)
+            self.forward = lambda p, b, x: mlp_forward(mlp, p, x)
         else:
             base = copy.deepcopy(models[0]).to("meta")
             eval_base = copy.deepcopy(models[0]).to("meta").eval()
@@ -356,7 +244,7 @@ class StackedTrials:
         """Whether each trial runs exactly its sequential operations: the fused MLP path on the CPU. Its
         results then equal its run alone to the bit where torch picks the same CPU kernels for the
         batched products as for ``torch.nn.Linear``'s, which depends on their sizes (not for small
-        layers): ``VectorizationCost.exact`` measures it, this property does not promise it."""
+        layers): ``batchlab.sweep.vectorize_choice.VectorizationCost.exact`` measures it, this property does not promise it."""
         return self.fused and self.device.type == "cpu"
 
     def batch_of(self, trials: list[int], step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -426,7 +314,7 @@ def measure_stacked(workload: Any, forward: Callable[[torch.Tensor], torch.Tenso
     :func:`batchlab.train.evaluation.measure` gives for that model, from the same batches with the
     same per-batch sums and float64 accumulation: equal to the bit when ``forward`` gives each model's
     outputs to the bit (the fused MLP path where torch picks the same kernels:
-    ``VectorizationCost.exact``), else up to floating-point rounding of the outputs.
+    ``batchlab.sweep.vectorize_choice.VectorizationCost.exact``), else up to floating-point rounding of the outputs.
 
     Per split (a :class:`batchlab.workloads.data.DataSplit` or an ``(x, y)`` pair), as
     ``Workload.evaluate`` streams it (:func:`batchlab.workloads.metrics.evaluate_split`): the
@@ -450,7 +338,7 @@ def measure_stacked(workload: Any, forward: Callable[[torch.Tensor], torch.Tenso
     with torch.inference_mode():
         for split, data in splits.items():
             part = prepared_split(as_split(data, check_split(split)), split, caps.get(split))  # as evaluate_split
-            size = _eval_batch_size(workload, model, part, device)
+            size = eval_batch_size(workload, model, part, device)
             totals: list[dict[str, Any]] = []
             counts: list[dict[str, Any]] = []
             for xb, yb in part.batches(size):
@@ -467,7 +355,7 @@ def measure_stacked(workload: Any, forward: Callable[[torch.Tensor], torch.Tenso
     return rows or []
 
 
-def _eval_batch_size(workload: Any, model: nn.Module | None, part: Any, device: torch.device | str) -> int:
+def eval_batch_size(workload: Any, model: nn.Module | None, part: Any, device: torch.device | str) -> int:
     """The evaluation batch of ``part`` (a DataSplit): the workload's ``eval_batch_size``, else the
     default rule's batch for ``model`` (:func:`batchlab.workloads.metrics.default_eval_batch_size`)."""
     if workload.eval_batch_size is not None:
@@ -615,332 +503,3 @@ def run_trials_vectorized(specs: list[TrialSpec], race: Any = None) -> list[Tria
     return [trial_result(p, progress[i], trial_id=p.spec.trial_id, trial_key=p.spec.trial_key,
                          wall_time_s=elapsed / len(specs))
             for i, p in enumerate(prepared)]
-
-
-# --- the automatic choice: measured cost ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class VectorizationCost:
-    """Estimated seconds per trial of one study's trials run one at a time (``sequential``) and as one
-    vectorized computation (``vectorized``): training steps plus full evaluations (the goal-only and
-    replay measurements cost the same on both paths and are left out); ``exact``: the exactness
-    self-check (:func:`vectorization_costs`) found every stacked result equal to the sequential one,
-    to the bit."""
-
-    sequential: float
-    vectorized: float
-    exact: bool = False
-
-    @property
-    def ratio(self) -> float:
-        """``sequential / vectorized``: above 1 vectorizing pays."""
-        return self.sequential / self.vectorized if self.vectorized > 0 else math.inf
-
-
-#: ``vectorization_pays`` answers, by (workload key, the model's parameter names, shapes and dtypes
-#: and module classes, optimizer, batch size, K, device, shared order).
-_PAYS: dict[tuple, bool] = {}
-
-_TIMED_SECONDS = 0.02  # each timed run lasts about this long (at least 2 steps)
-_CHECK_STEPS = 2  # training steps of the exactness self-check
-
-
-def _clock(device: torch.device) -> Callable[[], float]:
-    """CPU seconds of this process on a CPU (other processes sharing the cores do not count), wall
-    seconds after a synchronisation on an accelerator (CUDA, MPS)."""
-    if device.type == "cpu":
-        return time.process_time
-
-    def clock() -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        elif device.type == "mps":
-            torch.mps.synchronize()
-        return time.perf_counter()
-
-    return clock
-
-
-def _per_call(fn: Callable[[int], Any], clock: Callable[[], float], repeats: int = 3) -> float:
-    """Seconds per call of ``fn(i)`` (``i`` = 0, 1, ...): the best of ``repeats`` timed runs, each
-    about ``_TIMED_SECONDS`` long, after one warm-up call."""
-    calls = 0
-
-    def run(n: int) -> float:
-        nonlocal calls
-        start = clock()
-        for _ in range(n):
-            fn(calls)
-            calls += 1
-        return clock() - start
-
-    run(1)
-    once = max(run(1), 1e-6)
-    n = max(2, min(200, int(_TIMED_SECONDS / once)))
-    return min(run(n) for _ in range(repeats)) / n
-
-
-def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal values (``torch.equal``), NaN where the other has NaN counting as equal."""
-    return a.shape == b.shape and a.dtype == b.dtype and bool(((a == b) | (a.isnan() & b.isnan())).all())
-
-
-def _same_number(a: float, b: float) -> bool:
-    return a == b or (math.isnan(a) and math.isnan(b))
-
-
-def _same_metrics(a: dict[str, float], b: dict[str, float]) -> bool:
-    return a.keys() == b.keys() and all(_same_number(a[name], b[name]) for name in a)
-
-
-def _stack_sizes(k: int) -> list[int]:
-    """The numbers of stacked trials the exactness self-check runs, largest first: every one from 1 to
-    ``min(K, 16)``, and ``K`` halved down to 16 (the stacked state shrinks as trials stop, and the
-    kernel torch picks for a product may depend on its size)."""
-    sizes, size = set(range(1, min(k, 16) + 1)), k
-    while size > 16:
-        sizes.add(size)
-        size //= 2
-    return sorted(sizes, reverse=True)
-
-
-def _eval_batches(stack: StackedTrials, first: Any) -> list[tuple[torch.Tensor, dict]]:
-    """One batch of every input shape a full evaluation of ``first``'s splits streams (each split's
-    first batch and its last, partial one, on that split's own data; the first of equal shapes):
-    ``(x, split)``, ``x`` the batch's inputs on the device and ``split`` ``{name: the batch as a
-    split}``."""
-    from batchlab.workloads.data import as_split
-    from batchlab.workloads.metrics import prepared_split
-
-    caps = first.workload.eval_examples or {}
-    batches: dict[tuple, tuple[torch.Tensor, dict]] = {}
-    for name, data in first.eval_splits.items():
-        part = prepared_split(as_split(data, name), name, caps.get(name))
-        size = _eval_batch_size(first.workload, stack.eval_model, part, first.device)
-        for begin in sorted({0, (len(part) - 1) // size * size}):
-            one = part.subset(torch.arange(begin, min(len(part), begin + size)))
-            x = one.batch(torch.arange(len(one)))[0].to(first.device)
-            batches.setdefault(tuple(x.shape), (x, {name: one}))
-    return list(batches.values())
-
-
-def _exactness(stack: StackedTrials, prepared: list) -> bool:
-    """The exactness self-check: whether what the stacked trials compute equals what each computes
-    alone, to the bit (``torch.equal``; NaN equal to NaN).
-
-    Runs ``_CHECK_STEPS`` training steps of every trial alone (its torch optimizer, as
-    :func:`batchlab.train.run_trial`; this trains ``prepared``'s models) and of all K stacked from the
-    initial stacked state, and one step of the first K' stacked for every other K' of
-    :func:`_stack_sizes` (the stacked state shrinks as trials stop); compares each step's losses,
-    raw gradients (before an update could round a difference away) and the parameters after it.
-    Then, when full evaluations go through :func:`measure_stacked`, for every evaluation batch shape
-    on each split's own data (:func:`_eval_batches`), each model's raw outputs alone and stacked
-    (the first K' of the trained K, for every K' >= 2 of :func:`_stack_sizes`: a single trial is
-    measured alone), and at K its metrics too (:func:`measure` against :func:`measure_stacked`)."""
-    k, steps = len(prepared), range(_CHECK_STEPS)
-    initial = stack.params, stack.buffers, stack.opt_state
-    alone: list[list[tuple]] = []  # per trial, per step: (loss, gradients, parameters after the step)
-    for i, p in enumerate(prepared):
-        named = dict(p.model.named_parameters())
-        record = []
-        for step in steps:
-            loss = p.algorithm.step(*stack.batch(stack.samplers[i].indices(step)))
-            record.append((loss, {n: None if v.grad is None else v.grad.detach().clone() for n, v in named.items()},
-                           {n: v.detach().clone() for n, v in named.items()}))
-        alone.append(record)
-
-    def train(size: int, count: int) -> tuple[dict, dict] | None:
-        """``count`` steps of the first ``size`` trials stacked; their state, or None at a difference."""
-        trials = list(range(size))
-        params, buffers, opt_state = ({n: v[:size].clone() for n, v in initial[0].items()},
-                                      {n: v[:size].clone() for n, v in initial[1].items()},
-                                      {s: {n: v[:size].clone() for n, v in d.items()} for s, d in initial[2].items()})
-        for step in range(count):
-            gradients: list = []
-            losses = stack.advance(params, buffers, opt_state, trials, step, gradients)
-            for i in trials:
-                loss, grads, after = alone[i][step]
-                if not (_same_number(losses[i], loss)
-                        and all(g is not None and _same_tensor(gradients[0][n][i], g) for n, g in grads.items())
-                        and all(_same_tensor(params[n][i], v) for n, v in after.items())):
-                    return None
-        return params, buffers
-
-    trained = train(k, len(steps))
-    if trained is None or any(train(size, 1) is None for size in _stack_sizes(k) if size < k):
-        return False
-    params, buffers = trained
-    evaluations = _eval_batches(stack, prepared[0]) if stack.evaluates_together() and prepared[0].full_steps else []
-    for e, (x, one) in enumerate(evaluations):
-        alone_outputs = []
-        for p in prepared:
-            was_training = p.model.training
-            p.model.eval()
-            try:
-                with torch.inference_mode():
-                    alone_outputs.append(p.model(x))
-            finally:
-                p.model.train(was_training)
-        for size in (s for s in _stack_sizes(k) if s >= 2):
-            with torch.inference_mode():
-                outputs = stack.forward({n: v[:size] for n, v in params.items()},
-                                        {n: v[:size] for n, v in buffers.items()}, x)
-            if not all(_same_tensor(outputs[i], alone_outputs[i]) for i in range(size)):
-                return False
-        rows = stack.measure_rows(params, buffers, one)  # the metrics from equal outputs: once, at K
-        if not all(_same_metrics(rows[i], measure(p.workload, p.model, one)) for i, p in enumerate(prepared)):
-            return False
-    return True
-
-
-def vectorization_costs(specs: list[TrialSpec], check_exact: bool | str = True) -> VectorizationCost:
-    """Measure what ``specs`` cost per trial one at a time and vectorized, and whether the vectorized
-    results are exact (:class:`VectorizationCost`).
-
-    On copies (the specs' own prepared trials, built and trained here and thrown away; in a forked
-    RNG state, so nothing of any trial's run changes):
-
-    * **exactness** (:func:`_exactness`; ``check_exact``: ``True``, always; ``False``, never, and
-      ``exact`` is ``False``; ``"if cheaper"``, only when the vectorized path is measured cheaper,
-      what :func:`vectorization_pays` asks on the CPU, as the check costs about ``K / 2`` times the
-      stacked steps it runs): a few training steps of every trial alone and of the trials stacked
-      (for every number of stacked trials the run can reach as trials stop, up to a bound:
-      :func:`_stack_sizes`), comparing their losses, raw gradients and parameters, and the raw
-      outputs and metrics of every evaluation batch shape a full evaluation uses (each split's first
-      and last batch, on its own data), with ``torch.equal`` (NaN equal to NaN): ``exact`` is all of
-      them equal. A measurement, not an assumption: torch picks its CPU kernels by the products'
-      sizes, and for small ones (``N x in x out`` below about 400 on torch 2.13) the batched products
-      round differently from ``torch.nn.Linear``'s. As kernels are chosen by shape, a difference
-      shows on these shapes; equality on a few steps and batches is strong evidence, not a proof
-      (the check's limit);
-    * **cost**: a few training steps of one trial with its torch optimizer (what
-      :func:`batchlab.train.run_trial` runs) against the same steps of all K stacked
-      (:class:`StackedTrials`, the path :func:`run_trials_vectorized` takes: fused or ``vmap``, shared
-      or own batch orders), and one evaluation batch of one model against the K together. Per trial:
-      ``steps x step + full evaluation batches x batch``, the vectorized costs divided by K. CPU time
-      on a CPU (robust to other processes), wall time on an accelerator.
-
-    Raises:
-        NotVectorizable: as :func:`run_trials_vectorized` (nothing trained).
-        BatchlabError: a spec is invalid.
-    """
-    obstacle = vectorization_obstacle(specs)
-    if obstacle is not None:
-        raise NotVectorizable(f"cannot vectorize these trials: {obstacle}")
-    from batchlab.workloads.data import as_split
-
-    k = len(specs)
-    with torch.random.fork_rng(devices=[]):
-        prepared = [prepare_trial(spec) for spec in specs]
-        first = prepared[0]
-        with fork_rng(first.device):
-            stack = StackedTrials(prepared)
-            clock = _clock(first.device)
-            params, buffers, opt_state = stack.params, stack.buffers, stack.opt_state
-            sampler = BatchSampler(first.num_train, stack.batch_size, order_seed(first.spec))
-            step_fn, batch, trials = first.algorithm.step, stack.batch, list(range(k))
-            sequential_step = _per_call(lambda i: step_fn(*batch(sampler.indices(i))), clock)
-            vectorized_step = _per_call(lambda i: stack.advance(params, buffers, opt_state, trials, i), clock)
-            batches, sequential_eval, vectorized_eval = 0, 0.0, 0.0
-            if stack.evaluates_together() and first.full_steps:
-                name, data = next(iter(first.eval_splits.items()))
-                part = as_split(data, name)
-                size = _eval_batch_size(first.workload, stack.eval_model, part, first.device)
-                per_evaluation = sum(math.ceil(len(as_split(d, n)) / size) for n, d in first.eval_splits.items())
-                batches = len(first.full_steps) * per_evaluation
-                one = {name: part.subset(torch.arange(min(len(part), size)))}
-                sequential_eval = _per_call(lambda i: measure(first.workload, first.model, one), clock)
-                vectorized_eval = _per_call(lambda i: stack.measure_rows(params, buffers, one), clock)
-            steps = first.steps
-            cost = VectorizationCost(sequential=steps * sequential_step + batches * sequential_eval,
-                                     vectorized=(steps * vectorized_step + batches * vectorized_eval) / k)
-            if check_exact is True or (check_exact == "if cheaper" and cost.vectorized < cost.sequential):
-                fresh = [prepare_trial(spec) for spec in specs]  # the timing trained the copies above
-                cost = replace(cost, exact=_exactness(StackedTrials(fresh, check=False), fresh))
-    return cost
-
-
-def _model_signature(model: nn.Module) -> tuple:
-    """What of a built model keys the cached answers: its parameters' names, shapes and dtypes and its
-    modules' classes (an edited workload that keeps its name gets a new key when its model changes)."""
-    return (tuple((name, tuple(p.shape), str(p.dtype)) for name, p in model.named_parameters()),
-            tuple(f"{type(m).__module__}.{type(m).__qualname__}" for m in model.modules()))
-
-
-def vectorization_pays(specs: list[TrialSpec]) -> bool:
-    """Whether running ``specs`` (the K trials of one task) as one vectorized computation costs less per
-    trial than running them one at a time, by measurement (:func:`vectorization_costs`), not by a
-    fixed threshold. ``False`` when they cannot be vectorized (fewer than 2 trials, an obstacle, a
-    model that does not run vectorized, an invalid spec, any exception a user's model raises while
-    built or measured here: the sequential path runs them and reports it).
-
-    Changes no trial's results: it only chooses the path. On the CPU it answers ``True`` only when the
-    vectorized path is measured cheaper AND exact (``VectorizationCost.exact``: the exactness
-    self-check, run once it is cheaper, found the stacked results equal to the sequential ones, to
-    the bit), so that a trial's results stay a pure function of its spec and never depend on timing;
-    a model that is not an MLP (:func:`mlp_layers`; ``vmap``, which agrees only up to rounding) gets
-    ``False`` without measuring.
-    ``vectorize = "always"`` still forces the vectorized path (the worker does not ask). On an
-    accelerator, whose results are reproducible only up to rounding anyway, the cost alone decides.
-
-    Cached in this process per (workload key :func:`batchlab.workloads.workload_key`, the built
-    model's parameter names, shapes and dtypes and module classes, optimizer, batch size, K, device,
-    shared batch order or not), so a worker measures each kind of task once, and measures again when
-    a workload it already saw changes its model under the same name.
-    """
-    from batchlab.train.device import resolve_device
-    from batchlab.workloads import resolve_workload, workload_key
-
-    if len(specs) < 2:
-        return False
-    first = specs[0]
-    try:
-        if vectorization_obstacle(specs) is not None:
-            return False
-        workload, device = resolve_workload(first.workload), resolve_device(first.device)
-        model = workload.build_model(seed=0)
-        key = (workload_key(workload), _model_signature(model), first.optimizer, int(first.batch_size), len(specs),
-               str(device), shared_order_seed(specs) is not None)
-        mlp = mlp_layers(model) is not None
-    except Exception:  # an unknown workload, a model that fails to build: the sequential path reports it
-        return False
-    if key not in _PAYS:
-        try:
-            if device.type == "cpu" and not mlp:
-                raise NotVectorizable("the vmap path is not exact, so timing does not choose it (docstring)")
-            cost = vectorization_costs(specs, check_exact="if cheaper" if device.type == "cpu" else False)
-        except NotVectorizable:
-            _PAYS[key] = False
-        except Exception:  # an invalid spec, or a user's model failing: the sequential path reports it
-            return False
-        else:
-            _PAYS[key] = cost.vectorized < cost.sequential and (cost.exact or device.type != "cpu")
-    return _PAYS[key]
-
-
-def mlp_workload(workload: Any) -> bool:
-    """Whether ``workload`` (a :class:`batchlab.workloads.Workload`, a name or a reference) builds an
-    MLP the fused path computes (:func:`mlp_layers` of ``build_model(seed=0)``); ``False`` when it
-    cannot be resolved or built. Cached per workload key (:func:`batchlab.workloads.workload_key`)
-    while the key resolves to the same workload object, so an edited workload re-registered under its
-    name is built again."""
-    from batchlab.workloads import resolve_workload, workload_key
-
-    try:
-        resolved = resolve_workload(workload)
-        key = workload_key(resolved)
-    except Exception:
-        return False
-    known = _MLP_WORKLOADS.get(key)
-    if known is None or known[0] is not resolved:
-        try:
-            answer = mlp_layers(resolved.build_model(seed=0)) is not None
-        except Exception:
-            answer = False
-        known = _MLP_WORKLOADS[key] = (resolved, answer)
-    return known[1]
-
-
-#: ``mlp_workload`` answers: workload key -> (the workload it resolved to, whether it builds an MLP).
-_MLP_WORKLOADS: dict[str, tuple[Any, bool]] = {}

@@ -70,7 +70,7 @@ def run_task(task: TrialTask) -> list[TrialOutcome]:
     """Run every trial of ``task``; one outcome per trial, in order.
 
     Vectorized when ``task.vectorized`` (in groups of ``task.group_size``, 0: all at once; with
-    ``task.choose`` only when :func:`batchlab.sweep.vectorized.vectorization_pays`), unless the
+    ``task.choose`` only when :func:`batchlab.sweep.vectorize_choice.vectorization_pays`), unless the
     trials turn out not to be vectorizable (:class:`batchlab.sweep.vectorized.NotVectorizable`: their
     model has dropout or batch norm, say); then they run one at a time, with the results
     :func:`batchlab.train.run_trial` gives, and their outcomes say ``vectorized=False``. A raced
@@ -88,7 +88,8 @@ def run_task(task: TrialTask) -> list[TrialOutcome]:
     results: list = []
     flags: list[bool] = []
     if task.vectorized:
-        from batchlab.sweep.vectorized import NotVectorizable, run_trials_vectorized, vectorization_pays
+        from batchlab.sweep.vectorize_choice import vectorization_pays
+        from batchlab.sweep.vectorized import NotVectorizable, run_trials_vectorized
 
         size = task.group_size or len(specs)
         # vectorize = "auto": measured (cost, and on the CPU a bit-identity self-check) once per kind of task
