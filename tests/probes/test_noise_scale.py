@@ -293,3 +293,37 @@ def test_two_batch_runs_with_training_batch_norm_and_leaves_the_model_alone():
     assert math.isfinite(result.trace_sigma) and math.isfinite(result.trace_h_sigma)
     assert result.small_batch_size == 8 and result.hvps == 4 * (4 + 1)
     assert model.training and all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("method", ["per_example", "two_batch"])
+def test_b_noise_falls_back_to_reverse_mode_products_for_an_lstm(method, monkeypatch):
+    """The CPU LSTM kernel has no forward-mode AD: the Hessian-vector products fall back to reverse
+    over reverse, the same matrix (checked against the forward products on a model where both work)."""
+    from batchlab.probes import noise_scale as module
+
+    g = torch.Generator().manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 2))
+    loss = nn.functional.cross_entropy
+    fn = module._Functional(mlp, loss)
+    x, y = torch.randn(16, 3, generator=g), torch.randint(0, 2, (16,), generator=g)
+    vectors = tuple(torch.randn(4, *p.shape, generator=g) for p in fn.params)
+    forward = fn.hvps(vectors, x, y, 2)
+    assert fn.forward_mode
+    fn.forward_mode = False
+    for a, b in zip(fn.hvps(vectors, x, y, 2), forward):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+    class TinyLSTM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(3)
+            self.lstm = nn.LSTM(3, 4, batch_first=True)
+            self.head = nn.Linear(4, 2)
+
+        def forward(self, inputs):
+            return self.head(self.lstm(inputs)[0][:, -1])
+
+    batches = [(torch.randn(8, 5, 3, generator=g), torch.randint(0, 2, (8,), generator=g)) for _ in range(4)]
+    result = noise_scale(TinyLSTM(), loss, batches, method=method, hessian=True, micro_batches=4)
+    assert result.b_noise is not None and math.isfinite(result.b_noise) and result.hvps > 0
+    assert math.isfinite(result.trace_h_sigma) and math.isfinite(result.grad_h_grad)

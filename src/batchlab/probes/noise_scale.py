@@ -294,7 +294,7 @@ class _Functional:
     """The model's loss as a pure function of its trainable parameters (torch.func)."""
 
     def __init__(self, model: nn.Module, loss_fn: Callable):
-        from torch.func import functional_call, grad, jvp, vmap
+        from torch.func import functional_call, grad, jvp, vjp, vmap
 
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not self.named:
@@ -321,7 +321,7 @@ class _Functional:
         self.per_example_grads = vmap(grad(one_example), in_dims=(None, 0, 0), randomness="different")
         self.micro_batch_grads = vmap(grad(loss), in_dims=(None, 0, 0), randomness="different")
 
-        def hvps(vectors, x, y, chunk_size):
+        def forward_hvps(vectors, x, y, chunk_size):
             """H(x, y) v for each stacked v (tuple of (m, *shape)) by jvp of grad (forward over reverse)."""
             params = self.params
 
@@ -333,6 +333,28 @@ class _Functional:
                 return tuple(torch.stack(t) for t in zip(*parts))
             return vmap(one, randomness="different", chunk_size=chunk_size)(vectors)
 
+        def reverse_hvps(vectors, x, y, chunk_size):
+            """The same products by reverse mode only: H v as the pullback of the gradient (H is symmetric)."""
+            _, pullback = vjp(lambda p: grad(loss)(p, x, y), self.params)
+            if self.training_batch_norm:
+                parts = [pullback(tuple(v[i] for v in vectors))[0] for i in range(len(vectors[0]))]
+                return tuple(torch.stack(t) for t in zip(*parts))
+            return vmap(lambda v: pullback(v)[0], randomness="different", chunk_size=chunk_size)(vectors)
+
+        def hvps(vectors, x, y, chunk_size):
+            """Forward over reverse (the faster) until a layer has no forward-mode AD (torch 2.13: the CPU
+            LSTM's mkldnn kernel); then reverse over reverse, the same matrix (as
+            :class:`batchlab.probes.spectrum.CurvatureOperator`)."""
+            if self.forward_mode:
+                try:
+                    return forward_hvps(vectors, x, y, chunk_size)
+                except (NotImplementedError, RuntimeError) as exc:
+                    if "forward AD" not in str(exc) and "forward-mode" not in str(exc):
+                        raise
+                    self.forward_mode = False
+            return reverse_hvps(vectors, x, y, chunk_size)
+
+        self.forward_mode = True
         self.hvps = hvps
         self.size = sum(p.numel() for p in self.params)
 
