@@ -21,12 +21,14 @@ EXPERIMENTS=(
   "lstm_char_race lstm_char"
   "fc64_ema_race fc64_ema"
 )
-# store, workload, optimizers predicted, reference-run steps at which B_simple is measured
+# store, workload, optimizers predicted, reference-run steps at which B_simple is measured, and any
+# further options of `batchlab predict` (the LSTM: 256 probe examples, since its per-example gradients
+# and curvature products go through torch's slow fallbacks for the CPU LSTM kernel: 18 minutes here)
 PREDICTIONS=(
   "fc128_race mnist/fc_128_128_128 sgd,momentum 0,30,100,300,750,1500,3000"
   "fc64_optimizers mnist/fc_64_64_64 sgd,momentum,adam 0,30,100,300,750,1500,3000"
   "cnn_tiny experiments/workloads.py:mnist_simple_cnn_tiny momentum,adam 0,40,130,400,1000,2000,4000"
-  "lstm_char shakespeare/lstm_char adam 0,10,30,100,250,500,1000"
+  "lstm_char shakespeare/lstm_char adam 0,10,30,100,250,500,1000 --examples 256"
 )
 mkdir -p "$RUNS"
 if [[ "$WHAT" == all || "$WHAT" == sweeps ]]; then
@@ -38,14 +40,14 @@ if [[ "$WHAT" == all || "$WHAT" == sweeps ]]; then
 fi
 if [[ "$WHAT" == all || "$WHAT" == predictions ]]; then
   for entry in "${PREDICTIONS[@]}"; do
-    read -r store workload optimizers steps <<<"$entry"
+    read -r store workload optimizers steps options <<<"$entry"
     [[ -d "$RUNS/$store" ]] || continue
     out="experiments/predictions/$store"
     mkdir -p "$out"
     for optimizer in ${optimizers//,/ }; do
       if [[ ! -s "$out/predict_$optimizer.jsonl" ]]; then
         echo "== predict $workload $optimizer against $RUNS/$store"
-        if nice $BATCHLAB predict "$workload" --optimizer "$optimizer" --store "$RUNS/$store" --json >"$out/predict_$optimizer.jsonl.tmp"; then
+        if nice $BATCHLAB predict "$workload" --optimizer "$optimizer" --store "$RUNS/$store" ${options:-} --json >"$out/predict_$optimizer.jsonl.tmp"; then
           mv "$out/predict_$optimizer.jsonl.tmp" "$out/predict_$optimizer.jsonl"
         else  # e.g. no trials of this optimizer in the store yet: its error line is above
           rm -f "$out/predict_$optimizer.jsonl.tmp"
