@@ -142,10 +142,11 @@ def _strict_json(text):
 def test_ctrl_c_exits_130_with_one_line_and_the_rerun_resumes(tmp_path):
     store = tmp_path / "store"
     env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
-    # trials long enough (400 steps) that the sweep cannot finish between the first trial's line and the
-    # signal on a loaded machine (with 4 steps it sometimes did, and exited 0)
+    # trials long enough (2,000 steps, about 2.5 s each here) that the sweep cannot finish between the
+    # first trial's line and the signal on a loaded machine (with 4 steps, and once with 400 while three
+    # processes shared the 2 cores, it did, and exited 0)
     slow = list(TINY)
-    slow[slow.index("--steps") + 1] = "400"
+    slow[slow.index("--steps") + 1] = "2000"
     driver = subprocess.Popen([sys.executable, "-m", "batchlab", "sweep", *slow, "--store", str(store), "--json"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     for line in driver.stdout:
