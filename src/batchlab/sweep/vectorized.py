@@ -16,19 +16,19 @@ How one step is computed (:class:`StackedTrials`):
   :func:`shared_order_seed`) all K trials draw the same batches, so ONE batch ``(B, ...)`` is
   gathered per step and fed to all of them.
 * **The fused path** (a multilayer perceptron: an ``nn.Sequential`` of an optional ``Flatten`` then
-  ``Linear``/``ReLU`` layers ending in a ``Linear``, with exactly those layers' parameters, no
-  buffers and no hooks, the built-in ``fc_*`` workloads, :func:`~batchlab.sweep.fused_mlp.mlp_layers`): with a shared order
-  the first layer of the K models is one matrix product ``(B, d) x (d, K*h)`` (its weight gradient
-  one ``(K*h, B) x (B, d)``); the other layers (and the first with own orders) are batched products
-  whose backward uses ``torch.nn.Linear``'s own products (``_BatchedLinear``); one loss per trial on
-  its own outputs; the gradients one ``torch.autograd.grad`` of the losses' sum (trial k's loss
-  depends only on trial k's parameters, so each trial gets exactly its own gradient). Every trial
-  thus runs the same operations it runs alone; whether they also round the same is up to the
-  kernels torch picks, which depend on the products' sizes: on the CPU a trial's gradients, updates
-  and measurements equal its sequential run's **to the bit** for products large enough (the
-  built-in ``fc_*`` workloads at their usual batch sizes), while for small layers (``N x in x out``
-  below about 400 on torch 2.13) the batched products take another kernel and round differently.
-  So bit-identity is not assumed but measured (:func:`~batchlab.sweep.vectorize_choice.vectorization_costs`' exactness self-check).
+  ``Linear``/``ReLU`` layers ending in a ``Linear``, with exactly those layers' parameters, no buffers
+  and no hooks, the built-in ``fc_*`` workloads, :func:`~batchlab.sweep.fused_mlp.mlp_layers`): with a
+  shared order the first layer of the K models is one matrix product ``(B, d) x (d, K*h)`` (its weight
+  gradient one ``(K*h, B) x (B, d)``); the other layers (and the first with own orders) are batched
+  products whose backward uses ``torch.nn.Linear``'s own products (``_BatchedLinear``); one loss per
+  trial on its own outputs; the gradients one ``torch.autograd.grad`` of the losses' sum (trial k's loss
+  depends only on trial k's parameters, so each trial gets exactly its own gradient). Every trial thus
+  runs the same operations it runs alone; whether they also round the same is up to the kernels torch
+  picks, which depend on the products' sizes: on the CPU a trial's gradients, updates and measurements
+  equal its sequential run's **to the bit** for products large enough (the built-in ``fc_*`` workloads
+  at their usual batch sizes), while for small layers (``N x in x out`` below about 400 on torch 2.13)
+  the batched products take another kernel and round differently. So bit-identity is not assumed but
+  measured (the exactness self-check of :func:`~batchlab.sweep.vectorize_choice.vectorization_costs`).
 * **Other models**: one ``torch.func.vmap`` of ``grad_and_value(functional_call(...))`` over the
   stacked parameters and the stacked batches (a shared batch unbatched, ``in_dims=None``); batched
   and unbatched products round differently, so these agree with sequential runs up to rounding.
@@ -55,11 +55,11 @@ to the bit on the CPU where the exactness self-check says so (above); otherwise,
 ``vmap``, vectorized trials agree with sequential runs up to floating-point rounding, which the
 tests bound.
 
-Whether vectorizing pays is measured, not assumed (:func:`~batchlab.sweep.vectorize_choice.vectorization_pays`): a few steps and one
-evaluation batch of both paths are timed on copies, and the cheaper per trial wins; on the CPU only
-an MLP whose vectorized results the self-check found equal to the sequential ones, to the bit, so
-that the choice never changes a result (``vectorize = "always"`` forces the vectorized path, exact
-or not).
+Whether vectorizing pays is measured, not assumed
+(:func:`~batchlab.sweep.vectorize_choice.vectorization_pays`): a few steps and one evaluation batch of
+both paths are timed on copies, and the cheaper per trial wins; on the CPU only an MLP whose vectorized
+results the self-check found equal to the sequential ones, to the bit, so that the choice never changes
+a result (``vectorize = "always"`` forces the vectorized path, exact or not).
 
 Supported: optimizers whose registry entry has a ``vectorized`` update
 (:func:`batchlab.optim.vectorized_optimizer_names`: sgd, momentum, nesterov, adam); any
@@ -159,12 +159,14 @@ def _schedule(hyper: dict[str, Any], total: int) -> tuple[float, int | None, flo
 class StackedTrials:
     """K prepared trials (:func:`batchlab.train.prepare_trial`) as one stacked computation: their
     stacked parameters, buffers and optimizer state, the batch of a step, one update, the forward pass
-    of all K on one input. What :func:`run_trials_vectorized` runs and :func:`~batchlab.sweep.vectorize_choice.vectorization_costs` times.
+    of all K on one input. What :func:`run_trials_vectorized` runs and
+    :func:`~batchlab.sweep.vectorize_choice.vectorization_costs` times.
 
     ``shared``: the trials share one batch order (:func:`shared_order_seed`); ``fused``: the model is
-    an MLP computed by the fused path (:func:`~batchlab.sweep.fused_mlp.mlp_layers`), else ``vmap``; ``exact``: each trial runs
-    its sequential operations (the fused path on the CPU), which round alike when torch picks the same
-    kernels (measured by :func:`~batchlab.sweep.vectorize_choice.vectorization_costs`, not promised). Raises
+    an MLP computed by the fused path (:func:`~batchlab.sweep.fused_mlp.mlp_layers`), else ``vmap``;
+    ``exact``: each trial runs its sequential operations (the fused path on the CPU), which round alike
+    when torch picks the same kernels (measured by
+    :func:`~batchlab.sweep.vectorize_choice.vectorization_costs`, not promised). Raises
     :class:`NotVectorizable` when the models cannot be stacked or the model cannot run vectorized
     (``check``: one training step and one evaluation forward pass of all K on copies, the module
     docstring).
@@ -244,7 +246,8 @@ class StackedTrials:
         """Whether each trial runs exactly its sequential operations: the fused MLP path on the CPU. Its
         results then equal its run alone to the bit where torch picks the same CPU kernels for the
         batched products as for ``torch.nn.Linear``'s, which depends on their sizes (not for small
-        layers): ``batchlab.sweep.vectorize_choice.VectorizationCost.exact`` measures it, this property does not promise it."""
+        layers): ``batchlab.sweep.vectorize_choice.VectorizationCost.exact`` measures it, this property
+        does not promise it."""
         return self.fused and self.device.type == "cpu"
 
     def batch_of(self, trials: list[int], step: int) -> tuple[torch.Tensor, torch.Tensor]:
