@@ -142,13 +142,16 @@ def _strict_json(text):
 def test_ctrl_c_exits_130_with_one_line_and_the_rerun_resumes(tmp_path):
     store = tmp_path / "store"
     env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
-    # trials long enough (2,000 steps, about 2.5 s each here) that the sweep cannot finish between the
-    # first trial's line and the signal on a loaded machine (with 4 steps, and once with 400 while three
-    # processes shared the 2 cores, it did, and exited 0)
+    # trials long enough (1,000 steps, about 1.3 s each here) that the sweep cannot finish between the
+    # first trial's line and the signal on a loaded machine
     slow = list(TINY)
-    slow[slow.index("--steps") + 1] = "2000"
+    slow[slow.index("--steps") + 1] = "1000"
+    # the child gets SIGINT's default action back: a shell without job control starts background
+    # commands (a test run with `&`) with SIGINT ignored, and children inherit that; Python then
+    # installs no KeyboardInterrupt handler and the sweep would run to the end and exit 0
     driver = subprocess.Popen([sys.executable, "-m", "batchlab", "sweep", *slow, "--store", str(store), "--json"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     for line in driver.stdout:
         if json.loads(line)["event"] == "trial":  # the first trial is saved: Ctrl-C
             driver.send_signal(signal.SIGINT)

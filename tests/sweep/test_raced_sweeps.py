@@ -81,3 +81,44 @@ def test_a_raced_sweep_killed_mid_way_resumes_to_the_same_store(full_and_raced, 
     result, events = run_sweep_cli(*CLI, "--workers", "1", "--store", str(path), "--json")
     assert result.returncode == 0, result.stderr
     assert store_contents(path) == base
+
+
+def test_one_trial_at_a_time_a_raced_study_is_published_trial_by_trial(full_and_raced, tmp_path):
+    """Not vectorized, each trial of a raced study is its own task, sent once the one before is
+    published and racing the published trials: the full protocol's table, and a sweep stopped after
+    its second trial keeps both (a study is no longer published only when all its trials end)."""
+    from batchlab.sweep.runner import Reporter, SweepInterrupted
+
+    full = _sweep(tmp_path / "full", race=False, vectorize="never", trials=8)
+    tasks = []
+
+    class Recording(InlineExecutor):
+        def submit(self, task):
+            tasks.append(task)
+            super().submit(task)
+
+    config = parse_sweep_config({**SETTINGS, "race": True, "vectorize": "never", "trials": 8})
+    raced = run_sweep(prepare_sweep(config, str(tmp_path / "raced")), executor_factory=Recording)
+    assert _answer(raced) == _answer(full)
+    statuses = raced.statuses["mnist/fc_64_64_64/sgd"]
+    assert any(counts.get("RACED") for counts in statuses.values()), statuses
+    assert len(tasks) == 16 and all(len(task.trials) == 1 for task in tasks)
+    assert any(task.race_prior for task in tasks)  # later trials race the published ones
+
+    class StopAfterTwo(Reporter):
+        seen = 0
+
+        def trial(self, progress, outcome, totals):
+            self.seen += 1
+            if self.seen == 2:
+                raise KeyboardInterrupt
+
+    path = tmp_path / "stopped"
+    with pytest.raises(SweepInterrupted):
+        run_sweep(prepare_sweep(config, str(path)), reporter=StopAfterTwo(), executor_factory=InlineExecutor)
+    from batchlab.store import Store
+
+    assert len(Store.open(path).table("trials")) == 2
+    resumed = run_sweep(prepare_sweep(config, str(path)), executor_factory=InlineExecutor)
+    assert _answer(resumed) == _answer(raced)
+    assert store_contents(path) == store_contents(raced.store_path)

@@ -186,11 +186,12 @@ def stretch_search_space(space: dict[str, Any], factor: float) -> dict[str, Any]
 class TrialTask:
     """Trials of one study that one worker runs, together when ``vectorized``.
 
-    A raced study (``study.race``) is one task holding all its trials to run, so they race each
-    other (:mod:`batchlab.train.race`): vectorized in groups of ``group_size`` (0: all at once),
-    one group after another, or one trial after another; ``race_prior`` holds the rank keys
-    ``(first step meeting the goal, trial id)`` of the study's trials published before (a resumed
-    or extended study), which the race starts from. ``choose`` (``vectorize = "auto"``): the worker
+    A raced study's (``study.race``) task holds its trials that race each other
+    (:mod:`batchlab.train.race`): vectorized in groups of ``group_size`` (0: all at once), one group
+    after another, or one trial after another; ``race_prior`` holds the rank keys ``(first step
+    meeting the goal, trial id)`` of the study's trials published before, which the race starts
+    from. The sweep's driver sends a raced study as one chunk (a trial, or a group) at a time, each
+    racing the chunks published before (:func:`batchlab.sweep.runner.run_sweep`). ``choose`` (``vectorize = "auto"``): the worker
     runs a vectorized task vectorized only when it measures that it pays
     (:func:`batchlab.sweep.vectorize_choice.vectorization_pays`), else one trial at a time.
     """
@@ -289,7 +290,8 @@ def make_tasks(study: StudyPlan, trials: list[TrialPlan], vectorized: bool, grou
 
     Vectorized groups follow point order (trials ``[0, K)``, ``[K, 2K)``, ... of the study, minus the
     finished ones), so a resumed sweep groups its remaining trials as an uninterrupted one would.
-    A raced study is one task (:class:`TrialTask`) with ``race_prior``. ``choose``: vectorized tasks
+    For a raced study all ``trials`` are one task (:class:`TrialTask`) with ``race_prior`` (the sweep
+    passes one chunk at a time). ``choose``: vectorized tasks
     let the worker decide by measured cost whether to run vectorized (``vectorize = "auto"``).
     """
     choose = bool(choose and vectorized)

@@ -40,7 +40,9 @@ steps and one evaluation batch of both paths timed on copies, cached per kind of
 only where a self-check finds the vectorized trials bit-identical to sequential ones, so the choice
 does not change a result; under ``auto`` on the CPU only fully connected models, the only ones that
 can pass the check, go to workers as vectorized tasks). K shrinks so that every worker gets a task
-(except for raced studies: one task each).
+(except for raced studies). A raced study's trials run one chunk after another (one trial, or one
+vectorized group of ``vectorize_trials``), each chunk submitted once the one before is published and
+racing the study's published trials, so an interrupted sweep keeps every trial it finished.
 """
 
 from __future__ import annotations
@@ -392,12 +394,11 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
         group = config.vectorize_trials
         if entry.vectorized and not study.race:  # K shrinks when there would be fewer tasks than workers
             group = max(1, min(group, math.ceil(planned_todo / workers)))
-        prior: tuple = ()
-        if study.race and len(todo) < len(trials):  # a resumed or extended raced study races its published trials
-            from batchlab.train.race import published_keys
-
-            prior = tuple(published_keys(store, study.digest, study.metric, analysis_goal(config, study), study.maximize))
-        tasks = make_tasks(study, todo, entry.vectorized, group, prior, choose=config.vectorize == "auto")
+        if study.race:
+            state["race_todo"], state["race_group"] = todo, group
+            tasks = race_chunk(study)
+        else:
+            tasks = make_tasks(study, todo, entry.vectorized, group, (), choose=config.vectorize == "auto")
         if initial is not None:
             initial.extend(tasks)
         else:
@@ -405,6 +406,33 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
                 executor.submit(task)
         if not state["pending"]:
             finish_round(study)
+
+    def race_chunk(study: StudyPlan) -> list[TrialTask]:
+        """The next task of a raced study's round: its next unfinished trial (its next group of
+        ``vectorize_trials`` when vectorized), racing the study's trials already published (their keys
+        read back from the store, as a resumed study does). One chunk at a time, each published before
+        the next starts, so the same trials race the same keys as in one long task, and a sweep stopped
+        mid-study keeps every trial it finished."""
+        state = round_state[(*study_id(study), study.budget_round)]
+        todo = [t for t in state["race_todo"] if t.key not in finished]
+        state["race_todo"] = todo
+        if not todo:
+            return []
+        vectorized = progress[study_id(study)].vectorized
+        chunk = todo[:max(1, state["race_group"])] if vectorized else todo[:1]
+        prior: tuple = ()
+        if len(todo) < len(state["keys"]):  # trials of this round are published: race them
+            from batchlab.train.race import published_keys
+
+            prior = tuple(published_keys(store, study.digest, study.metric, analysis_goal(config, study), study.maximize))
+        return make_tasks(study, chunk, vectorized, state["race_group"] if vectorized else 0, prior,
+                          choose=config.vectorize == "auto")
+
+    def next_race_chunk(study: StudyPlan) -> None:
+        """After a raced study's chunk is published (here or by another driver): submit the next."""
+        if study.race:
+            for task in race_chunk(study):
+                executor.submit(task)
 
     def finish_round(study: StudyPlan) -> None:
         """All trials of this round are published: apply the budget-growth rule."""
@@ -459,6 +487,7 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
             task: TrialTask = outcome.task
             if outcome.elsewhere:  # another driver ran and published these trials
                 published_by_others(task.study, [t.key for t in task.trials])
+                next_race_chunk(task.study)
                 continue
             if outcome.lost:
                 counters["lost"] += 1
@@ -486,6 +515,7 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
                 counters["run"] += 1
                 # "study": the round this trial ran in (entry.study is round 0 of its batch size)
                 reporter.trial(entry, result, {"run": counters["run"], "skipped": counters["skipped"], "study": study})
+            next_race_chunk(study)
             if not state["pending"]:
                 finish_round(study)
     except KeyboardInterrupt:
