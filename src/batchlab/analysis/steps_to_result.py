@@ -60,22 +60,17 @@ from __future__ import annotations
 
 import json
 import math
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import duckdb
 import numpy as np
-import pyarrow as pa
 
 from batchlab.analysis.curve import StepsCurve
 from batchlab.analysis.selection import (
-    BOUND_SUFFIX,
-    RELEASE_SOURCE,
     Selection,
     check_selection,
     mixed_studies_error,
-    paper_max_trials,
     resolve_studies,
     stop_rule_error,
     stop_rule_problem,
@@ -84,7 +79,9 @@ from batchlab.analysis.selection import (
     unknown_workload_error,
     workload_names,
 )
-from batchlab.analysis.tables import DEFAULT_STATUSES, with_study_id
+from batchlab.analysis.raced import budget_limit, check_raced, race_bounds
+from batchlab.analysis.tables import DEFAULT_STATUSES
+from batchlab.analysis.trial_queries import BEST_SQL, PER_TRIAL_SQL, float_or_none, query_selections
 from batchlab.errors import BatchlabError
 
 
@@ -145,12 +142,12 @@ class BatchSizeResult:
     @property
     def learning_rate(self) -> float | None:
         """The best trial's ``learning_rate`` (``None`` if absent or not reached)."""
-        return _float_or_none(self.parameters.get("learning_rate"))
+        return float_or_none(self.parameters.get("learning_rate"))
 
     @property
     def momentum(self) -> float | None:
         """The best trial's ``momentum`` (``None`` if the optimizer has none or not reached)."""
-        return _float_or_none(self.parameters.get("momentum"))
+        return float_or_none(self.parameters.get("momentum"))
 
     @property
     def effective_learning_rate(self) -> float | None:
@@ -255,7 +252,7 @@ def steps_to_result_many(
             if selection.workload not in known:
                 raise unknown_workload_error(selection.workload, known)
     study_ids = [resolve_studies(con, s) if s.workload in workloads else None for s in selections]
-    rows = _query(con, selections, _BEST_SQL, study_ids=study_ids)
+    rows = query_selections(con, selections, BEST_SQL, study_ids=study_ids)
     results: list[list[BatchSizeResult]] = [[] for _ in selections]
     checks: list[list[tuple]] = [[] for _ in selections]
     raced: list[list[tuple]] = [[] for _ in selections]
@@ -334,111 +331,6 @@ def check_study_rules(con: duckdb.DuckDBPyConnection, selection: Selection, per_
                 raise stop_rule_error(selection, batch_size, study_id, problem, stop_rule)
 
 
-def race_bounds(con: duckdb.DuckDBPyConnection, workload: str, study_ids) -> dict[tuple[str, int], int]:
-    """``{(study_id, batch_size): b}`` for the raced studies among ``study_ids``: ``b`` is the step of the
-    ``keep``-th smallest key ``(first step meeting the stop goal, trial id)`` over the study's
-    ``COMPLETE`` and ``STOPPED_AT_GOAL`` trials at that batch size (the race's final bound).
-
-    Racing stopped a trial after an evaluation only when the next step at which it could first meet
-    the goal, paired with its id, was past the race's bound then (never smaller than this final one;
-    :mod:`batchlab.train.race`). So a RACED trial's first step meeting *any* goal of a metric read at
-    those evaluations is ``>= b``, and ties at ``b`` go to the kept trials. Studies without a ``race``
-    entry or a stop rule in their definition, or with fewer than ``keep`` trials meeting the stop
-    goal, have no bound (left out).
-    """
-    definitions = study_definitions(con, workload)
-    selections, keeps = [], []
-    for sid in sorted({str(x) for x in study_ids if x is not None}):
-        definition = definitions.get(sid, {})
-        race, stop = definition.get("race"), definition.get("stop_rule")
-        if not isinstance(race, dict) or not isinstance(stop, dict) or stop.get("metric") is None:
-            continue
-        try:
-            keep = int(race.get("keep", 2))
-            selections.append(Selection(workload=workload, metric=str(stop["metric"]), goal=float(stop["goal"]),
-                                        maximize=bool(stop.get("maximize")), statuses=("COMPLETE", "STOPPED_AT_GOAL"),
-                                        studies=(sid,)))
-        except (TypeError, ValueError, BatchlabError):
-            continue  # an unreadable race or stop rule: no bound
-        keeps.append(keep)
-    if not selections:
-        return {}
-    rows = _query(con, selections, _PER_TRIAL_SQL, study_ids=[s.studies for s in selections])
-    keys: dict[tuple[int, int], list] = {}
-    for sel_id, batch_size, trial_id, first_step, *_ in rows:
-        if first_step is not None:
-            keys.setdefault((int(sel_id), int(batch_size)), []).append((int(first_step), int(trial_id)))
-    out = {}
-    for (sel_id, batch_size), found in keys.items():
-        keep = keeps[sel_id]
-        if keep >= 1 and len(found) >= keep:
-            out[(selections[sel_id].studies[0], batch_size)] = sorted(found)[keep - 1][0]
-    return out
-
-
-def check_raced(con: duckdb.DuckDBPyConnection, selection: Selection, per_batch: Sequence[tuple],
-                bounds: dict | None = None) -> dict:
-    """Raise a one-line :class:`BatchlabError` where raced trials leave the steps to result undetermined.
-
-    ``per_batch``: ``(batch_size, best, unknown)`` for the batch sizes with selected ``RACED`` trials
-    whose first qualifying step is unknown; ``best`` is the smallest known key ``(first step, trial
-    id)`` (``None``: no trial is known to reach the goal) and ``unknown`` lists ``(trial_id, steps,
-    study_id)`` of those trials. An unknown trial's first step is ``> steps`` and ``>=`` its study's
-    race bound (:func:`race_bounds`, ties at the bound going to the kept trials). The minimum is
-    exact when ``best`` precedes every unknown trial's smallest possible key: always so for the
-    race's stop goal and looser goals. Otherwise (a stricter goal, another metric, a first-N rule
-    or status choice that left the kept trials out, ...) an unknown trial might have met the goal
-    first, and the analysis refuses instead of reporting a value or "not reached".
-
-    Under a step or example budget that ends before an unknown trial's race bound, the trial cannot
-    meet the goal within the budget: it is an ordinary "not reached" there.
-
-    Returns the race bounds it read (``bounds`` when given), for :func:`trial_first_steps`.
-    """
-    for batch_size, best, unknown in per_batch:
-        early = []
-        limit = budget_limit(selection, batch_size)
-        for trial_id, steps, sid in unknown:
-            if best is not None and best[0] <= steps:
-                continue
-            if bounds is None:
-                bounds = race_bounds(con, selection.workload, {x for _, _, u in per_batch for _, _, x in u})
-            bound = bounds.get((sid, batch_size))
-            if bound is not None and limit is not None and bound > limit:
-                continue  # its first step is past the budget
-            if best is not None and bound is not None and best < (bound, trial_id):
-                continue
-            early.append((steps, trial_id, sid))
-        if not early:
-            continue
-        steps, trial_id, sid = sorted(early)[0]
-        definition = study_definitions(con, selection.workload).get(sid, {}) if sid is not None else {}
-        race = definition.get("race") if isinstance(definition.get("race"), dict) else {}
-        stop = definition.get("stop_rule")
-        rule = ""
-        if isinstance(stop, dict) and stop.get("metric") is not None and stop.get("goal") is not None:
-            rule = f", stop goal {stop['metric']} {'>' if stop.get('maximize') else '<'} {float(stop['goal']):g}"
-        study = f"raced study {sid} (keep {race.get('keep', '?')}{rule})" if sid is not None else "a raced study"
-        known = (f"before the best known trial reached it ({best[0]} steps)" if best is not None
-                 else "and no selected trial is known to reach it")
-        sign = ">" if selection.maximize else "<"
-        raise BatchlabError(
-            f"workload {selection.workload!r} batch size {batch_size}: steps to {selection.metric} {sign} "
-            f"{float(selection.goal):g} is not determined: {len(early)} RACED trial(s) of {study}, e.g. trial "
-            f"{trial_id}, stopped at step {steps} without meeting it {known}, and racing keeps only the best "
-            "trials exact for the stop goal; allowed: the stop goal or a looser one (same metric and direction), "
-            "every trial of the study (no first-N cut or status filter), or re-run the study without --race"
-        )
-    return {} if bounds is None else bounds
-
-
-def budget_limit(selection: Selection, batch_size: int) -> int | None:
-    """The last step the selection's step or example budget admits at ``batch_size`` (``None``: no budget)."""
-    limits = [x for x in (selection.step_budget,
-                          None if selection.example_budget is None else selection.example_budget // int(batch_size))
-              if x is not None]
-    return min(limits) if limits else None
-
 
 def trial_first_steps(con: duckdb.DuckDBPyConnection, selection: Selection) -> "pandas.DataFrame":  # noqa: F821
     """Every selected trial with its first qualifying step, one row per trial.
@@ -461,7 +353,7 @@ def trial_first_steps(con: duckdb.DuckDBPyConnection, selection: Selection) -> "
 
     workloads = workload_names(con)
     study_ids = [resolve_studies(con, selection) if selection.workload in workloads else None]
-    frame = _query(con, [selection], _PER_TRIAL_SQL, fetch="df", study_ids=study_ids)
+    frame = query_selections(con, [selection], PER_TRIAL_SQL, fetch="df", study_ids=study_ids)
     per_batch = []
     for batch_size, group in frame.groupby("batch_size", sort=True):
         ids = sorted({str(x) for x in group["study_id"] if isinstance(x, str)})
@@ -544,220 +436,3 @@ def trial_unknown_from_by_batch_size(frame) -> dict[int, np.ndarray]:
     for batch_size, group in frame.groupby("batch_size", sort=True):
         out[int(batch_size)] = group.sort_values("trial_id")["unknown_from"].to_numpy(dtype=float)
     return out
-
-
-# The selected trials, each one's first qualifying step, the evaluation before it and its last
-# evaluation. ``{selections}`` is a registered table of selections; ``{trials}`` and ``{studies}``
-# the views (with a NULL ``study_id`` where the store has none); ``{scans}`` the narrowed scans.
-_PER_TRIAL_CTE = """
-WITH sel AS (SELECT * FROM {selections}),
-candidates AS (
-    SELECT sel.sel_id, t.batch_size, t.trial_id, t.parameters, t.status, t.study_id, t.source,
-           t.steps AS trial_steps
-    FROM sel JOIN {trials} AS t ON t.workload = sel.workload
-    WHERE list_contains(sel.statuses, t.status)
-      AND (sel.study_ids IS NULL OR list_contains(sel.study_ids, t.study_id))
-),
-trial_rule AS (
-    -- the N of the first-N rule per selection (NULL: every trial); "auto" is the paper's N when
-    -- the selected trials were imported from the release.
-    SELECT sel.sel_id,
-           CASE WHEN NOT sel.auto_trials THEN any_value(sel.max_trials)
-                WHEN coalesce(bool_or(c.source = '{release}'), false) THEN any_value(sel.paper_n) END AS n_used
-    FROM sel LEFT JOIN candidates AS c ON c.sel_id = sel.sel_id
-    GROUP BY sel.sel_id, sel.auto_trials
-),
-ranked AS (
-    SELECT c.*, r.n_used,
-           row_number() OVER (PARTITION BY c.sel_id, c.batch_size ORDER BY c.trial_id) AS rank,
-           count(*) OVER (PARTITION BY c.sel_id, c.batch_size) AS n_available
-    FROM candidates AS c JOIN trial_rule AS r ON r.sel_id = c.sel_id
-),
-chosen AS (
-    SELECT sel_id, batch_size, trial_id, parameters, status, study_id, n_available, n_used, trial_steps FROM ranked
-    WHERE n_used IS NULL OR rank <= n_used
-),
-raw AS ({scans}),
-flagged AS (
-    -- the bound flags (``<metric>:bound`` rows) the scans read beside their metric: usually none
-    SELECT sel_id, batch_size, trial_id, step, any_value(value) AS bound
-    FROM raw WHERE is_flag GROUP BY sel_id, batch_size, trial_id, step
-),
-scanned AS (
-    -- the metric's rows with their bound flag; a bounded row is kept only when the bound decides
-    -- the goal (see _scans_sql)
-    SELECT r.sel_id, r.batch_size, r.trial_id, r.step, r.value, r.hit, f.bound
-    FROM raw AS r LEFT JOIN flagged AS f
-      ON f.sel_id = r.sel_id AND f.batch_size = r.batch_size AND f.trial_id = r.trial_id AND f.step = r.step
-    WHERE NOT r.is_flag
-      AND (f.bound IS NULL OR (r.hit AND f.bound = r.hit_flag)
-           OR (NOT r.hit AND isfinite(r.value) AND f.bound = -r.hit_flag))
-),
-evals AS (
-    -- per trial (all trials of the selection's workload): the earliest qualifying evaluation step
-    -- and the metric there, the last evaluation step within the budget, and the steps of the
-    -- evaluations that did not qualify (for the bracket below). ``scans`` are one narrowed scan
-    -- of measurements per selection that already marks the qualifying rows (see _scans_sql); the
-    -- reduction to one row per trial happens before anything is joined to trials.
-    SELECT m.sel_id, m.batch_size, m.trial_id,
-           min(m.step) FILTER (WHERE m.hit) AS first_step,
-           arg_min(m.value, m.step) FILTER (WHERE m.hit) AS value,
-           -- 0: exact (arg_min skips NULL args, so the flag is coalesced first)
-           arg_min(coalesce(m.bound, 0), m.step) FILTER (WHERE m.hit) AS value_bound,
-           max(m.step) AS last_step,
-           list(m.step) FILTER (WHERE m.hit IS NOT TRUE) AS misses
-    FROM scanned AS m
-    GROUP BY m.sel_id, m.batch_size, m.trial_id
-),
-per_trial AS (
-    -- a reaching trial's bracket starts at the evaluation just before its first qualifying one
-    -- (every evaluation before that one missed the goal), 0 when there was none. A RACED trial
-    -- that did not qualify is ``unknown`` unless the budget ends at or before its ``steps`` (then
-    -- every row within the budget was recorded).
-    SELECT c.sel_id, c.batch_size, c.trial_id, c.parameters, c.status, c.study_id, c.n_available, c.n_used,
-           e.first_step, e.value, nullif(e.value_bound, 0) AS value_bound, e.last_step,
-           CASE WHEN e.first_step IS NOT NULL
-                THEN coalesce(list_max(list_filter(e.misses, x -> x < e.first_step)), 0) END AS prev_step,
-           CASE WHEN c.status = 'RACED' THEN c.trial_steps END AS raced_at,
-           (c.status = 'RACED' AND e.first_step IS NULL
-            AND NOT coalesce(s.step_budget <= c.trial_steps, false)
-            AND NOT coalesce(s.example_budget // c.batch_size <= c.trial_steps, false)) AS unknown
-    FROM chosen AS c
-    JOIN sel AS s ON s.sel_id = c.sel_id
-    LEFT JOIN evals AS e ON e.sel_id = c.sel_id AND e.batch_size = c.batch_size AND e.trial_id = c.trial_id
-)
-"""
-
-_PER_TRIAL_SQL = (
-    _PER_TRIAL_CTE
-    + """
-SELECT sel_id, batch_size, trial_id, first_step, value, value_bound, parameters, status, study_id, prev_step,
-       last_step, raced_at, unknown, n_available, n_used
-FROM per_trial ORDER BY batch_size, trial_id
-"""
-)
-
-_BEST_SQL = (
-    _PER_TRIAL_CTE
-    + """,
-ordered AS (
-    SELECT sel_id, batch_size, trial_id, first_step, value, value_bound, parameters,
-           row_number() OVER (PARTITION BY sel_id, batch_size ORDER BY first_step ASC NULLS LAST, trial_id) AS position
-    FROM per_trial
-),
-summary AS (
-    SELECT sel_id, batch_size, count(*) AS n_trials, count(first_step) AS n_reached,
-           min(prev_step) AS steps_lower, min(last_step) AS censored_at,
-           list(DISTINCT study_id) FILTER (WHERE study_id IS NOT NULL) AS study_ids,
-           list(DISTINCT study_id) FILTER (WHERE study_id IS NOT NULL AND status = 'STOPPED_AT_GOAL') AS stopped_ids,
-           any_value(n_available) AS n_available,
-           count(*) FILTER (WHERE status = 'RACED') AS n_raced,
-           list([trial_id::BIGINT::VARCHAR, raced_at::BIGINT::VARCHAR, study_id] ORDER BY trial_id) FILTER (WHERE unknown) AS unknown
-    FROM per_trial GROUP BY sel_id, batch_size
-),
-batch_sizes AS (
-    SELECT DISTINCT sel.sel_id, x.batch_size
-    FROM sel JOIN (SELECT workload, batch_size, study_id FROM {studies}
-                   UNION ALL SELECT workload, batch_size, study_id FROM {trials}) AS x
-         ON x.workload = sel.workload AND (sel.study_ids IS NULL OR list_contains(sel.study_ids, x.study_id))
-)
-SELECT b.sel_id, b.batch_size, o.first_step, o.trial_id, o.value, o.parameters,
-       coalesce(s.n_trials, 0), coalesce(s.n_reached, 0), s.steps_lower, s.censored_at,
-       s.study_ids, s.stopped_ids, coalesce(s.n_available, 0), r.n_used, o.value_bound, s.n_raced, s.unknown
-FROM batch_sizes AS b
-JOIN trial_rule AS r ON r.sel_id = b.sel_id
-LEFT JOIN summary AS s ON s.sel_id = b.sel_id AND s.batch_size = b.batch_size
-LEFT JOIN (SELECT * FROM ordered WHERE position = 1) AS o ON o.sel_id = b.sel_id AND o.batch_size = b.batch_size
-ORDER BY b.sel_id, b.batch_size
-"""
-)
-
-
-def _scans_sql(selections: Sequence[Selection], params: dict) -> str:
-    """A ``UNION ALL`` of one narrowed scan of ``measurements`` per selection, tagging each row with
-    the selection's id and whether it qualifies (``hit``).
-
-    Each scan's WHERE is a conjunction of constant comparisons (``workload = w AND metric IN (m,
-    m:bound)`` [``AND step <= S``] [``AND batch_size * step <= E``]), which DuckDB pushes into the
-    Parquet reader: with the store's files sorted by (workload, metric, batch_size, trial_id, step),
-    the row groups' min/max statistics skip every row group of other workloads and metrics (a
-    metric's bound flags sort right after it). Every evaluation row is kept, whatever its value,
-    because the brackets need the evaluations that missed the goal. ``hit`` compares with
-    constants too: finite and strictly beyond the goal, as one range on value: minimise (-inf, g),
-    maximise (g, inf). In DuckDB NaN compares above +inf, so neither range holds NaN or an infinity
-    (a plain ``value > goal`` would count NaN as a hit under maximize). Selections asking several
-    goals of one workload scan it once each.
-
-    Bounded rows: the companion rows ``<metric>:bound`` come with the scan, marked ``is_flag``;
-    ``hit_flag`` is the flag that lets a bounded row qualify (``-1``, an upper bound, when lower is
-    better; ``+1`` with ``maximize``), its negation the one that makes it a miss. The query joins
-    the flags to their rows and keeps a bounded row only when its bound decides the goal, so an
-    undecided bound is neither a hit, a miss nor a last step.
-    """
-    parts = []
-    for k, selection in enumerate(selections):
-        params[f"w{k}"], params[f"m{k}"], params[f"g{k}"] = selection.workload, selection.metric, float(selection.goal)
-        params[f"b{k}"] = f"{selection.metric}{BOUND_SUFFIX}"
-        params[f"i{k}"] = math.inf if selection.maximize else -math.inf
-        hit = (f"value > $g{k} AND value < $i{k}" if selection.maximize else f"value > $i{k} AND value < $g{k}")
-        where = f"workload = $w{k} AND metric IN ($m{k}, $b{k})"
-        if selection.step_budget is not None:
-            params[f"s{k}"] = int(selection.step_budget)
-            where += f" AND step <= $s{k}"
-        if selection.example_budget is not None:
-            params[f"e{k}"] = int(selection.example_budget)
-            where += f" AND batch_size * step <= $e{k}"
-        parts.append(
-            f"SELECT CAST({k} AS BIGINT) AS sel_id, batch_size, trial_id, step, value, ({hit}) AS hit, "
-            f"metric = $b{k} AS is_flag, CAST({1.0 if selection.maximize else -1.0} AS DOUBLE) AS hit_flag "
-            f"FROM measurements WHERE {where}"
-        )
-    return "\nUNION ALL\n".join(parts)
-
-
-def _selections_table(selections: Sequence[Selection], study_ids: Sequence[tuple[str, ...] | None]) -> pa.Table:
-    return pa.table(
-        {
-            "sel_id": pa.array(range(len(selections)), pa.int64()),
-            "workload": pa.array([s.workload for s in selections], pa.string()),
-            "metric": pa.array([s.metric for s in selections], pa.string()),
-            "goal": pa.array([float(s.goal) for s in selections], pa.float64()),
-            "maximize": pa.array([bool(s.maximize) for s in selections], pa.bool_()),
-            "max_trials": pa.array([s.fixed_max_trials for s in selections], pa.int64()),
-            "auto_trials": pa.array([s.max_trials == "auto" for s in selections], pa.bool_()),
-            "paper_n": pa.array([paper_max_trials(s.workload) for s in selections], pa.int64()),
-            "step_budget": pa.array([s.step_budget for s in selections], pa.int64()),
-            "example_budget": pa.array([s.example_budget for s in selections], pa.int64()),
-            "statuses": pa.array([list(s.statuses) for s in selections], pa.list_(pa.string())),
-            "study_ids": pa.array([None if ids is None else list(ids) for ids in study_ids], pa.list_(pa.string())),
-        }
-    )
-
-
-def _query(con: duckdb.DuckDBPyConnection, selections: Sequence[Selection], sql: str, fetch: str = "all",
-           study_ids: Sequence[tuple[str, ...] | None] | None = None):
-    """Run ``sql`` with the selections registered under a unique name, then unregister them.
-
-    ``study_ids``: the resolved study ids of each selection (``None``: all studies)."""
-    if study_ids is None:
-        study_ids = [None] * len(selections)
-    params: dict = {}
-    name = f"_batchlab_selections_{uuid.uuid4().hex}"
-    text = sql.format(selections=name, scans=_scans_sql(selections, params),
-                      trials=with_study_id(con, "trials"), studies=with_study_id(con, "studies"),
-                      release=RELEASE_SOURCE)
-    con.register(name, _selections_table(selections, study_ids))
-    try:
-        result = con.execute(text, params)
-        return result.df() if fetch == "df" else result.fetchall()
-    finally:
-        con.unregister(name)
-
-
-def _float_or_none(value) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
