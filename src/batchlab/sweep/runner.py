@@ -419,7 +419,7 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
         if not todo:
             return []
         vectorized = progress[study_id(study)].vectorized
-        chunk = todo[:max(1, state["race_group"])] if vectorized else todo[:1]
+        chunk = state["race_chunk"] = todo[:max(1, state["race_group"])] if vectorized else todo[:1]
         prior: tuple = ()
         if len(todo) < len(state["keys"]):  # trials of this round are published: race them
             from batchlab.train.race import published_keys
@@ -429,8 +429,12 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
                           choose=config.vectorize == "auto")
 
     def next_race_chunk(study: StudyPlan) -> None:
-        """After a raced study's chunk is published (here or by another driver): submit the next."""
-        if study.race:
+        """Once every trial of a raced study's chunk is published (here or by another driver, in one
+        outcome or several): submit the next chunk."""
+        if not study.race:
+            return
+        state = round_state[(*study_id(study), study.budget_round)]
+        if all(t.key in finished for t in state.get("race_chunk", ())):
             for task in race_chunk(study):
                 executor.submit(task)
 
@@ -497,6 +501,8 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
                 rerun = [t for t in task.trials if t.key not in finished]
                 if rerun:
                     executor.submit(replace(task, trials=tuple(rerun)))  # keeps its group size and race
+                else:
+                    next_race_chunk(task.study)
                 continue
             if outcome.error is not None:
                 error = outcome.error
