@@ -349,7 +349,9 @@ class _Functional:
                 try:
                     return forward_hvps(vectors, x, y, chunk_size)
                 except (NotImplementedError, RuntimeError) as exc:
-                    if "forward AD" not in str(exc) and "forward-mode" not in str(exc):
+                    from batchlab.probes.spectrum import missing_forward_ad
+
+                    if not missing_forward_ad(exc):
                         raise
                     self.forward_mode = False
             return reverse_hvps(vectors, x, y, chunk_size)

@@ -145,6 +145,12 @@ def _check_curvature(curvature: str) -> str:
 _as_int = checked_int  # batchlab.errors.checked_int
 
 
+
+def missing_forward_ad(exc: BaseException) -> bool:
+    """Whether ``exc`` is torch saying a layer has no forward-mode derivative (torch 2.13: the CPU
+    LSTM's mkldnn kernel), the error after which curvature products switch to reverse mode."""
+    return "forward AD" in str(exc) or "forward-mode" in str(exc)
+
 class CurvatureOperator:
     """The ``P x P`` curvature matrix of the mean loss over fixed batches, as products with vectors.
 
@@ -201,7 +207,7 @@ class CurvatureOperator:
             try:
                 return self._forward_product(x, y, v)
             except (NotImplementedError, RuntimeError) as exc:
-                if "forward AD" not in str(exc) and "forward-mode" not in str(exc):
+                if not missing_forward_ad(exc):
                     raise
                 self.forward_mode = False
         return self._reverse_product(x, y, v)
