@@ -37,3 +37,29 @@ def test_path_writer_keeps_the_final_suffix(tmp_path: Path):
     write_path_atomic(tmp_path / "figure.png", write_to, durable=False)
     assert seen[0].suffix == ".png" and seen[0].name.startswith(TMP_PREFIX)
     assert (tmp_path / "figure.png").read_text() == "x"
+
+
+def test_os_error_text_names_the_errno_and_the_file():
+    import errno
+
+    from batchlab.atomic import os_error_text
+
+    assert os_error_text(OSError(errno.ENOSPC, "No space left on device", "/s/log/x")) == \
+        "No space left on device (ENOSPC): /s/log/x"
+    assert os_error_text(OSError(errno.EROFS, "Read-only file system")) == "Read-only file system (EROFS)"
+    assert os_error_text(OSError("Could not open Parquet input source 'x'")) == "Could not open Parquet input source 'x'"
+
+
+def test_a_full_disk_leaves_the_old_file_and_no_temporary(tmp_path: Path):
+    import errno
+
+    target = tmp_path / "out.bin"
+    target.write_bytes(b"old")
+
+    def fill_disk(handle):
+        handle.write(b"part")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        write_stream_atomic(target, fill_disk)
+    assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["out.bin"]

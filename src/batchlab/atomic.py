@@ -10,6 +10,7 @@ Temporary names are ``.tmp-<32 hex>-<final name>``; the store's garbage collecto
 
 from __future__ import annotations
 
+import errno
 import os
 import uuid
 from collections.abc import Callable
@@ -17,6 +18,15 @@ from pathlib import Path
 from typing import BinaryIO
 
 TMP_PREFIX = ".tmp-"
+
+
+def os_error_text(exc: OSError) -> str:
+    """``"<strerror> (<ERRNO NAME>): <file>"`` of an OSError, fit for a one-line message (a full disk:
+    ``No space left on device (ENOSPC): <file>``)."""
+    if not exc.errno:  # raised by a library (pyarrow: "Could not open Parquet input source ...")
+        return str(exc)
+    text = f"{exc.strerror or exc} ({errno.errorcode.get(exc.errno, exc.errno)})"
+    return f"{text}: {exc.filename}" if exc.filename else text
 
 
 def temporary_path(final: Path) -> Path:

@@ -1,6 +1,7 @@
 import os
 
 import pyarrow.parquet as pq
+import pytest
 
 from batchlab.store import Store
 from batchlab.store.batch_science_import import import_batch_science
@@ -94,3 +95,38 @@ def test_compaction_writes_measurements_in_the_import_layout(store, release, mon
     assert sum(sizes) == 24 * 10 + 5 * 5
     assert parquet.schema_arrow.field("metric").type == maintenance.SCHEMAS["measurements"].field("metric").type
     assert answers(store) == before
+
+
+def _three_commits(store, release_root):
+    for part in ("mnist", "cifar_10", "mnist_subsets"):
+        import_batch_science(store, release_root / part)
+    store.release_claim()  # as when the importing process has ended: its uncommitted files are garbage
+
+
+def _data_files(store):
+    return {str(p.relative_to(store.root)): p.read_bytes() for p in (store.root / "data").rglob("*.parquet")}
+
+
+def test_compact_never_deletes_the_files_of_a_deleted_log_entry(store, release):
+    from batchlab.errors import BatchlabError
+
+    _three_commits(store, release[0])
+    files = _data_files(store)
+    (store.root / "log" / "000000000002.json").unlink()  # its data files are intact
+    with pytest.raises(BatchlabError, match="log entry log/000000000002.json is missing"):
+        compact(store, grace_seconds=0)
+    assert _data_files(store) == files  # nothing merged, nothing deleted: repair can restore the entry
+
+
+def test_compact_never_merges_a_file_whose_checksum_does_not_match(store, release):
+    from batchlab.errors import BatchlabError
+
+    _three_commits(store, release[0])
+    victim = store.root / store.state().files["measurements"][1]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, Parquet magic intact: only the sha256 tells
+    victim.write_bytes(bytes(data))
+    files = _data_files(store)
+    with pytest.raises(BatchlabError, match="does not match the sha256 its commit recorded"):
+        compact(store, grace_seconds=0)
+    assert _data_files(store) == files and store.state().seq == 3

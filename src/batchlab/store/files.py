@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,13 +19,41 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchlab.atomic import TMP_PREFIX, temporary_path, write_path_atomic, write_stream_atomic
+from batchlab.atomic import TMP_PREFIX, os_error_text, temporary_path, write_path_atomic, write_stream_atomic
+from batchlab.errors import BatchlabError
 from batchlab.store.schema import SCHEMAS, parquet_options, row_group_rows, sort_measurements
 
 __all__ = [
     "TMP_PREFIX", "temporary_path", "write_bytes_atomic", "write_data_table", "fsync_directory",
-    "exclusive_lock",
+    "exclusive_lock", "file_record", "store_writes",
 ]
+
+#: Bytes read at a time when hashing a data file.
+_HASH_CHUNK = 1 << 20
+
+
+def file_record(path: Path) -> dict:
+    """``{"size": bytes, "sha256": hex digest}`` of the file at ``path`` (read once, streaming): what a
+    commit records of each file it adds, and what ``store repair`` checks the file against."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return {"size": size, "sha256": digest.hexdigest()}
+
+
+@contextlib.contextmanager
+def store_writes(root: Path, doing: str) -> Iterator[None]:
+    """Turn an OSError raised in the block (a full disk, a read-only directory, a quota) into a one-line
+    BatchlabError: ``cannot <doing> in store <root>: <reason> (<ERRNO>): <file>``. Writes are atomic
+    (temporary name, then rename) and commits all-or-nothing, so the store is as it was before."""
+    try:
+        yield
+    except OSError as exc:
+        raise BatchlabError(f"cannot {doing} in store {root}: {os_error_text(exc)}; "
+                            "the store is unchanged") from None
 
 
 def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:

@@ -8,6 +8,15 @@ were retired more than ``grace_seconds`` ago, so a reader that opened its views 
 working. Uncommitted files are deleted only when the process that wrote them is gone (its claim is
 no longer locked), so a running import or trial writer never loses a file.
 
+Nothing is deleted from a damaged store: ``compact`` first checks it as every read does
+(:mod:`batchlab.store.integrity`: a gap in the log or a damaged visible file is one line naming it and
+what ``store repair`` would do) and compares the sha256 of every file it merges, so a damaged file is
+never merged into a new one with a fresh checksum. A data file that any log entry or entry copy names
+is deleted only once an entry other than ``store repair``'s removed it more than ``grace_seconds`` ago
+(it was replaced by a compaction): a file that a missing entry added, still named by that entry's
+copy, stays for ``store repair`` to restore. Only files no entry ever named are deleted as soon as
+their writer is gone.
+
 Every data file, whoever writes it (the trial writer, the table and release imports, compaction),
 has its table's one Parquet layout (:func:`batchlab.store.schema.parquet_options`): measurements
 rows sorted by :data:`~batchlab.store.schema.MEASUREMENT_ORDER` in row groups of
@@ -36,8 +45,10 @@ from batchlab.store.files import (
     exclusive_lock,
     fsync_directory,
     lock_held,
+    store_writes,
 )
-from batchlab.store.log import CommitPlan, StoreState, commit, read_state
+from batchlab.store.integrity import check_checksums, check_state, named_files
+from batchlab.store.log import LOG_COPY_DIR, CommitPlan, StoreState, commit, entry_name, read_state
 from batchlab.store.schema import (
     DATA_DIR,
     LOCK_FILE,
@@ -203,6 +214,11 @@ class CompactReport:
 
 def compact(store: Store, grace_seconds: float = 600.0) -> CompactReport:
     """Merge small files of every table and collect garbage; no query answer changes."""
+    with store_writes(store.root, "compact"):
+        return _compact(store, grace_seconds)
+
+
+def _compact(store: Store, grace_seconds: float) -> CompactReport:
     report = CompactReport()
     snapshot = store.state()
     written: list[str] = []
@@ -211,6 +227,7 @@ def compact(store: Store, grace_seconds: float = 600.0) -> CompactReport:
     try:
         for name in TABLES:
             for group in _merge_groups(store, name, snapshot.files[name]):
+                check_checksums(store.root, snapshot, group)  # never merge a damaged file into a new one
                 add.setdefault(name, []).append(_merge(store, name, group))
                 written.append(add[name][-1])
                 removed.extend(group)
@@ -223,7 +240,7 @@ def compact(store: Store, grace_seconds: float = 600.0) -> CompactReport:
                 return None  # another compaction replaced some inputs first: keep the store as is
             return CommitPlan(operation="compact", add=add, remove=removed, checkpoint=True)
 
-        after = commit(store.root, plan)
+        after = commit(store.root, plan, check=lambda state: check_state(store.root, state))
         if written and any(f not in after.all_files() for f in written):
             raise RuntimeError("concurrent compaction")
     except RuntimeError:
@@ -252,9 +269,10 @@ def _claim_alive(pending: Path, claim_id: str) -> bool:
 
 
 def collect_garbage(store: Store, grace_seconds: float) -> tuple[int, int]:
-    """Delete unreferenced data files whose writer is gone (and, for files a compaction replaced,
-    retired more than ``grace_seconds`` ago), dead claims (the store's, and sweep drivers' trial
-    claims), and log entries older than the latest checkpoint by more than ``grace_seconds``.
+    """Delete data files that no entry names and whose writer is gone, files a compaction replaced
+    more than ``grace_seconds`` ago, dead claims (the store's, and sweep drivers' trial claims), and
+    log entries (with their copies) older than the latest checkpoint by more than ``grace_seconds``;
+    a damaged store (:func:`batchlab.store.integrity.check_state`) raises and nothing is deleted.
     Returns (files deleted, log entries deleted)."""
     root = store.root
     now = time.time()
@@ -263,13 +281,17 @@ def collect_garbage(store: Store, grace_seconds: float) -> tuple[int, int]:
     deleted = 0
     with exclusive_lock(root / LOCK_FILE):  # no commit may reference a file while we look
         state = read_state(root)
+        check_state(root, state)
         live = state.all_files()
+        named = named_files(root)  # by an entry or a copy: committed once
         recently_retired: set[str] = set()  # readers may still use these
         retired: set[str] = set()  # committed once, replaced by a compaction long ago
         entries = []
         for p in sorted(log_dir.glob("*.json")):
             entry = json.loads(p.read_bytes())
             entries.append((p, entry))
+            if entry.get("operation") == "repair":
+                continue  # what repair removed was moved to quarantine/: never deleted
             if now - entry["time"] < grace_seconds:
                 recently_retired.update(entry.get("remove", []))
             else:
@@ -278,7 +300,7 @@ def collect_garbage(store: Store, grace_seconds: float) -> tuple[int, int]:
         for table in TABLES:
             for path in (root / DATA_DIR / table).iterdir():
                 rel = f"{DATA_DIR}/{table}/{path.name}"
-                if rel in live or rel in recently_retired:
+                if rel in live or rel in recently_retired or (rel in named and rel not in retired):
                     continue
                 file_name = path.name
                 if file_name.startswith(TMP_PREFIX):  # ".tmp-<hex>-<final name>": a write cut short
@@ -304,6 +326,7 @@ def collect_garbage(store: Store, grace_seconds: float) -> tuple[int, int]:
         for p, entry in entries:
             if entry["seq"] < last_checkpoint and now - entry["time"] >= grace_seconds:
                 p.unlink(missing_ok=True)
+                (root / LOG_COPY_DIR / entry_name(entry["seq"])).unlink(missing_ok=True)
                 removed_entries += 1
         for name in TABLES:
             fsync_directory(root / DATA_DIR / name)

@@ -6,8 +6,13 @@ Layout of a store directory (the names are in :mod:`batchlab.store.schema`)::
     _lock                     commit lock (flock)
     log/<seq>.json            commit log (see :mod:`batchlab.store.log`)
     data/<table>/<claim>-<uuid>.parquet   (.s2.parquet for trials and studies)
+    data/log/<seq>.json       a copy of each log entry (:mod:`batchlab.store.integrity`)
     pending/<uuid>.jsonl      journals of trials being written (durable, never visible)
     pending/<claim>.claim     locked while the process writing files under that claim lives
+    quarantine/               what ``store repair`` could not verify (moved, never deleted)
+
+Every read checks the log's sequence and the visible files (:func:`batchlab.store.integrity.verified_state`):
+a damaged store is one line naming the damage and what ``batchlab store repair`` would do.
 
 Readers (:meth:`Store.connect`) open a fresh in-memory DuckDB connection whose views name only
 the files of committed trials, so they see whole trials only and no ``.duckdb`` file is shared.
@@ -37,7 +42,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchlab.errors import BatchlabError, unknown_name_error
-from batchlab.store.files import TMP_PREFIX, exclusive_lock, fsync_directory, write_bytes_atomic, write_data_table
+from batchlab.store.files import (
+    TMP_PREFIX,
+    exclusive_lock,
+    fsync_directory,
+    store_writes,
+    write_bytes_atomic,
+    write_data_table,
+)
+from batchlab.store.integrity import check_state, verified_state
 from batchlab.store.log import CommitPlan, StoreState, commit, read_state
 from batchlab.store.schema import (
     DATA_DIR,
@@ -84,10 +97,25 @@ class Store:
         """
         if self._claim_id is None:
             claim_id = uuid.uuid4().hex
-            fd = os.open(self.root / PENDING_DIR / f"{claim_id}.claim", os.O_RDWR | os.O_CREAT, 0o644)
+            with store_writes(self.root, "write"):
+                fd = os.open(self.root / PENDING_DIR / f"{claim_id}.claim", os.O_RDWR | os.O_CREAT, 0o644)
             fcntl.flock(fd, fcntl.LOCK_SH)
             self._claim_id, self._claim_fd = claim_id, fd
         return self._claim_id
+
+    def release_claim(self) -> None:
+        """Remove this process's claim file, when it made one (the end of a one-shot write such as an
+        import): data files of the claim that are not committed are then garbage for ``compact``, and
+        nothing of a refused write stays behind. Never raises; a later write takes a new claim. Not
+        for a store object whose claim forked workers still use."""
+        if self._claim_fd is None:
+            return
+        try:
+            (self.root / PENDING_DIR / f"{self._claim_id}.claim").unlink(missing_ok=True)
+        except OSError:
+            pass
+        os.close(self._claim_fd)
+        self._claim_id, self._claim_fd = None, None
 
     # ----------------------------------------------------------------- opening
     @classmethod
@@ -260,8 +288,11 @@ class Store:
 
     # ----------------------------------------------------------------- reading
     def state(self) -> StoreState:
-        """The committed files of every table, now."""
-        return read_state(self.root)
+        """The committed files of every table, now, after the integrity checks every read makes
+        (:func:`batchlab.store.integrity.verified_state`: the log's sequence, and each visible file's
+        existence, size and Parquet magic); a damaged store raises a one-line
+        :class:`batchlab.store.integrity.StoreDamaged`."""
+        return verified_state(self.root)
 
     def connect(self, threads: int | None = None):
         """A fresh in-memory DuckDB connection with views ``workloads``, ``studies``, ``trials``
@@ -439,7 +470,8 @@ class Store:
         are sorted into the layout's order unless ``presorted``); returns its path relative to the
         store."""
         rel, path = self.new_data_path(table)
-        write_data_table(table, data, path, presorted=presorted)
+        with store_writes(self.root, f"write a {table} file"):
+            write_data_table(table, data, path, presorted=presorted)
         return rel
 
     def publish(
@@ -503,7 +535,7 @@ class Store:
             return CommitPlan(operation=operation, add=add)
 
         try:
-            commit(self.root, plan)
+            commit(self.root, plan, check=lambda state: check_state(self.root, state))
         except BaseException:
             for rel in written:
                 (self.root / rel).unlink(missing_ok=True)
@@ -623,7 +655,9 @@ def store_for_import(path: str | Path) -> Iterator[tuple[Store, bool]]:
     created it and it is empty. Nothing else is ever deleted: an existing store, one that got a commit
     (commits are atomic, so a failed import adds nothing to it), one another process is writing into
     (a live claim or a trial journal not of this store object), and any file that is not part of the
-    store's layout are all left as they are. The original exception propagates unchanged."""
+    store's layout are all left as they are. The original exception propagates unchanged. Either way
+    the store object's claim is released at the end (:meth:`Store.release_claim`), so an import, failed
+    or not, leaves no ``pending/<claim>.claim`` behind."""
     root = Path(path)
     existed = root.exists()
     store, created = Store.open_or_create(root)
@@ -633,6 +667,8 @@ def store_for_import(path: str | Path) -> Iterator[tuple[Store, bool]]:
         if created:
             _remove_new_store(store, keep_directory=existed)
         raise
+    finally:
+        store.release_claim()
 
 
 def _remove_new_store(store: Store, *, keep_directory: bool) -> bool:

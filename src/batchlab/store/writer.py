@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from batchlab.errors import BatchlabError
+from batchlab.store.files import store_writes
 from batchlab.store.schema import PENDING_DIR, SCHEMAS, split_workload, validate_status
 from batchlab.store.studies import (
     canonical_json,
@@ -238,8 +239,14 @@ class TrialWriter:
         for key in ("search_space", "tags"):
             if header.get(key) is not None:
                 header[key] = dict(header[key])
-        self._journal = open(self.journal_path, "x", encoding="utf-8")
-        self._append({"header": header})
+        with store_writes(store.root, "write a trial journal"):  # a read-only store, a full disk
+            self._journal = open(self.journal_path, "x", encoding="utf-8")
+            try:
+                self._append({"header": header})
+            except OSError:
+                self._journal.close()
+                self.journal_path.unlink(missing_ok=True)
+                raise
 
     @property
     def trial_key(self) -> str:
