@@ -325,3 +325,53 @@ def test_only_batch_sizes_runs_a_part_of_the_same_sweep(tmp_path):
     assert (plan_part["trials"], plan_whole["trials"], plan_whole["finished_before"]) == (2, 4, 2)
     assert sorted(e["batch_size"] for e in part if e["event"] == "trial") == [16, 16]
     assert sorted(e["batch_size"] for e in whole if e["event"] == "trial") == [8, 8]  # 16 was found in the store
+
+
+def test_a_config_that_is_not_utf8_is_one_line_and_writes_nothing(tmp_path):
+    config = tmp_path / "sweep.toml"
+    config.write_bytes(f'workloads = ["mnist/fc_64_64_64"]\nstore = "{tmp_path / "store"}"\n# caf'.encode()
+                       + b"\xe9\n")
+    message = _one_line_error(run_cli("--config", str(config)))
+    assert "is not UTF-8 text (byte 0xe9" in message and "sweep.toml" in message
+    assert not (tmp_path / "store").exists()
+
+
+def test_config_workload_and_search_space_combine_the_command_line_winning(tmp_path):
+    store = tmp_path / "store"
+    config = tmp_path / "sweep.toml"
+    config.write_text(textwrap.dedent(f"""\
+        workloads = ["mnist/fc_128_128_128"]
+        optimizers = ["sgd", "momentum"]
+        batch_sizes = [8]
+        trials = 2
+        steps = 2
+        train_examples = 256
+        workers = 1
+        stop_at_goal = false
+        store = "{store}"
+        [search_spaces.sgd.learning_rate]
+        type = "DOUBLE"
+        min_value = 1e-3
+        max_value = 10.0
+        scale = "LOG_SCALE"
+        """))
+    space = tmp_path / "space.json"
+    space.write_text('{"learning_rate": {"type": "DOUBLE", "min_value": 0.05, "max_value": 0.1, "scale": "LOG"}}')
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"learning_rate": {"type": "DOUBLE", "min_value": 0.05}}')
+    message = _one_line_error(run_cli("mnist/fc_64_64_64", "--config", str(config), "--optimizer", "sgd",
+                                      "--search-space", str(bad)))
+    assert "search-space file" in message and "needs min_value and max_value (missing max_value)" in message
+    assert not store.exists()
+
+    result = run_cli("mnist/fc_64_64_64", "--config", str(config), "--optimizer", "sgd", "--search-space", str(space),
+                     "--json")
+    assert result.returncode == 0, result.stderr
+    from batchlab.store import Store
+
+    (row,) = Store.open(store).study_definitions()
+    assert row["definition"]["workload"] == "mnist/fc_64_64_64/sgd"  # WORKLOAD and --optimizer beat the file's
+    assert row["definition"]["search_space"] == {
+        "learning_rate": {"type": "DOUBLE", "min_value": 0.05, "max_value": 0.1, "scale": "LOG_SCALE"}}
+    rates = [json.loads(t["parameters"])["learning_rate"] for t in Store.open(store).table("trials").to_pylist()]
+    assert len(rates) == 2 and all(0.05 <= r <= 0.1 for r in rates)

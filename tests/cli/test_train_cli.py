@@ -102,6 +102,8 @@ def test_human_output_is_a_table(capsys):
         (["--optimizer", "sgd", "--batch-size", "8", "--learning-rate", "-0.5"], "learning rate must be > 0"),
         (["--optimizer", "sgd", "--batch-size", "8", "--learning-rate", "0.1", "--hparam", "nope"], "NAME=VALUE"),
         (["--optimizer", "sgd", "--batch-size", "8", "--learning-rate", "0.1", "--hparam", "momentum=0.9"], "--momentum"),
+        (["--optimizer", "sgd", "--batch-size", "8", "--learning-rate", "0.1", "--hparam", "warmup_steps=1" + "0" * 400],
+         "--hparam warmup_steps: value must be a finite number, got '1000"),
         (["--optimizer", "sgd", "--batch-size", "8", "--learning-rate", "0.1", "--eval-budget", "-1"], "evaluation budget must be a number > 0"),
         (["--optimizer", "sgd", "--batch-size", "8", "--learning-rate", "0.1", "--eval-budget", "0.1", "--eval-every", "5"], "not both"),
         (["--optimizer", "sgd", "--batch-size", "8", "--learning-rate", "0.1", "--resolution", "0"], "resolution must be a number in (0, 1)"),
@@ -283,3 +285,54 @@ def test_workloads_json_describes_a_workload_given_by_reference(capsys, tmp_path
     assert described["name"] == "toy/sum" and described["metric"] == "val/mse"
     status, out, err = run_main(capsys, "workloads", f"{path}:nothing", "--json")
     assert status == 2 and err.count("\n") == 1 and "nothing" in err
+
+
+@pytest.fixture
+def declaring_workload(monkeypatch):
+    """mnist/fc_64_64_64 under another name, declaring a narrow SGD learning-rate range."""
+    name = "mnist/fc_64_64_64_declared"
+    declared = {"sgd": {"learning_rate": {"type": "DOUBLE", "min_value": 0.2, "max_value": 0.3, "scale": "LOG"}}}
+    monkeypatch.setitem(registry.WORKLOADS, name, dataclasses.replace(get_workload("mnist/fc_64_64_64"), name=name,
+                                                                      search_spaces=declared))
+    return name
+
+
+def test_study_searches_the_search_space_file_else_the_workloads_declared_space(capsys, tmp_path, declaring_workload):
+    args = ["study", declaring_workload, "--optimizer", "sgd", "--batch-size", "8", "--trials", "2", "--steps", "2",
+            "--train-examples", "256", "--no-stop-at-goal", "--json"]
+
+    def rates(*extra):
+        status, out, err = run_main(capsys, *args, *extra)
+        assert status == 0, err
+        return [row["parameters"]["learning_rate"] for row in json_lines(out)[:-1]]
+
+    assert all(0.2 <= r <= 0.3 for r in rates("--store", tmp_path / "declared"))
+    space = tmp_path / "space.toml"
+    space.write_text('[sgd.learning_rate]\ntype = "DOUBLE"\nmin_value = 0.01\nmax_value = 0.02\nscale = "LOG_SCALE"\n')
+    assert all(0.01 <= r <= 0.02 for r in rates("--store", tmp_path / "file", "--search-space", space))
+    (row,) = Store.open(tmp_path / "file").study_definitions()
+    assert row["definition"]["search_space"] == {
+        "learning_rate": {"type": "DOUBLE", "min_value": 0.01, "max_value": 0.02, "scale": "LOG_SCALE"}}
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        (b"[learning_rate]\ntype = '\xff'\n", "is not UTF-8 text (byte 0xff on line 2"),
+        (b"", "is empty"),
+        (b"learning_rate = 0.1\n", "parameter 'learning_rate': config must be an object with type and range"),
+        (b"[momentum.learning_rate]\ntype = 'DOUBLE'\nmin_value = 0.1\nmax_value = 1.0\n",
+         "optimizer 'momentum' is not searched here; allowed: sgd"),
+        (b"[learning_rate]\ntype = 'DOUBLE'\nmin_value = -1.0\nmax_value = 1.0\n",
+         "search space of sgd, trial 2: hyperparameter learning_rate must be a number > 0"),
+    ],
+)
+def test_study_refuses_a_bad_search_space_file_in_one_line_writing_nothing(capsys, tmp_path, content, fragment):
+    space = tmp_path / "space.toml"
+    space.write_bytes(content)
+    store = tmp_path / "s"
+    status, out, err = run_main(capsys, "study", "mnist/fc_64_64_64", "--optimizer", "sgd", "--batch-size", "8",
+                                "--trials", "2", "--steps", "2", "--store", store, "--search-space", space)
+    assert status == 2 and out == ""
+    assert err.startswith("error: ") and err.count("\n") == 1 and fragment in err, err
+    assert not store.exists()

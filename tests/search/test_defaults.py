@@ -75,3 +75,35 @@ def test_a_registered_optimizer_has_its_own_space(monkeypatch):
     space = default_search_space("my_adagrad", train_steps=10, schedule="linear")
     assert space.names == ["learning_rate", "learning_rate_decay_steps", "end_learning_rate_factor"]
     assert space.to_batch_science()["learning_rate"]["max_value"] == 1.0
+
+
+def _with_spaces(spaces):
+    import dataclasses
+
+    from batchlab.workloads import get_workload
+
+    return dataclasses.replace(get_workload("mnist/fc_64_64_64"), name="mnist/fc_declared", search_spaces=spaces)
+
+
+LR = {"learning_rate": {"type": "DOUBLE", "min_value": 0.05, "max_value": 0.5, "scale": "LOG_SCALE"}}
+GIVEN = {"learning_rate": {"type": "DOUBLE", "min_value": 0.1, "max_value": 0.2, "scale": "LINEAR_SCALE"}}
+
+
+def test_a_study_searches_the_given_space_then_the_workloads_then_the_optimizers_default():
+    from batchlab.search import study_search_space
+
+    workload = _with_spaces({"sgd": LR})
+    assert study_search_space("sgd", GIVEN, workload).to_batch_science() == GIVEN
+    assert study_search_space("sgd", None, workload).to_batch_science() == LR
+    assert study_search_space("momentum", None, workload) == default_search_space("momentum")  # not declared
+    assert study_search_space("sgd", None, None) == default_search_space("sgd")
+    assert study_search_space("sgd", {}, workload).names == []  # an empty space given is taken as given
+
+
+def test_the_linear_schedule_adds_to_a_workloads_space_the_decay_parameters_it_does_not_name():
+    declared = {**LR, "end_learning_rate_factor": {"type": "DISCRETE", "feasible_points": [0.01]}}
+    space = default_search_space("sgd", train_steps=100, schedule="linear", workload=_with_spaces({"sgd": declared}))
+    configs = space.to_batch_science()
+    assert space.names == ["learning_rate", "end_learning_rate_factor", "learning_rate_decay_steps"]
+    assert configs["end_learning_rate_factor"] == declared["end_learning_rate_factor"]  # the workload's, kept
+    assert configs["learning_rate_decay_steps"]["min_value"] == 50 and configs["learning_rate"] == LR["learning_rate"]

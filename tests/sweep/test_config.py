@@ -148,7 +148,7 @@ def test_command_line_defaults_live_in_the_library(tmp_path):
     assert config.optimizers == list(DEFAULT_OPTIMIZERS) == ["sgd"] and config.seed == 0
     with pytest.raises(BatchlabError, match="missing --batch-sizes, --trials"):
         sweep_config_from_options("mnist/fc_64_64_64", None, {"store": "s"})
-    with pytest.raises(BatchlabError, match="either WORKLOAD or --config"):
+    with pytest.raises(BatchlabError, match="sweep config .*x.toml' does not exist"):
         sweep_config_from_options("mnist/fc_64_64_64", tmp_path / "x.toml", {})
     with pytest.raises(BatchlabError, match="missing WORKLOAD"):
         sweep_config_from_options(None, None, {})
@@ -189,3 +189,95 @@ def test_device_key_is_checked():
     assert parse_sweep_config({**base, "device": " CPU "}).device == "cpu"  # read as --device reads it
     with pytest.raises(BatchlabError, match="field 'device'.*allowed: auto, cpu, cuda, cuda:N, mps"):
         parse_sweep_config({**base, "device": "gpu"})
+
+
+def test_a_non_utf8_or_unreadable_config_is_one_line(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(GOOD.encode("utf-8") + "# r\u00e9sum\u00e9\n".encode("latin-1"))
+    with pytest.raises(BatchlabError) as info:
+        load_sweep_config(path)
+    assert "\n" not in str(info.value) and "is not UTF-8 text (byte 0xe9 on line" in str(info.value)
+    with pytest.raises(BatchlabError, match="is a directory, not a file"):
+        load_sweep_config(tmp_path)
+
+
+def test_a_workload_on_the_command_line_replaces_the_files_workloads(tmp_path):
+    from batchlab.sweep.config import sweep_config_from_options
+
+    path = tmp_path / "sweep.toml"
+    path.write_text(GOOD)
+    config = sweep_config_from_options("mnist/fc_128_128_128", path, {"trials": 3})
+    assert config.workloads == ["mnist/fc_128_128_128"] and config.trials == 3
+    assert config.optimizers == ["sgd", "momentum"] and config.steps == 100  # the rest from the file
+
+
+SGD_SPACE = {"learning_rate": {"type": "DOUBLE", "min_value": 0.05, "max_value": 0.5, "scale": "LINEAR_SCALE"}}
+CONFIG_SGD_SPACE = {"learning_rate": {"type": "DOUBLE", "min_value": 0.01, "max_value": 1.0, "scale": "LOG_SCALE"}}
+
+
+def test_search_space_file_overrides_the_configs_spaces_per_optimizer(tmp_path):
+    import json
+
+    from batchlab.sweep.config import sweep_config_from_options
+
+    path = tmp_path / "sweep.toml"
+    path.write_text(GOOD.replace("[search_spaces.sgd.learning_rate]", "[search_spaces.momentum.learning_rate]"))
+    space = tmp_path / "space.json"
+    space.write_text(json.dumps({"sgd": SGD_SPACE}))
+    config = sweep_config_from_options(None, path, {}, space)
+    assert config.search_spaces == {"sgd": SGD_SPACE, "momentum": CONFIG_SGD_SPACE}
+    space.write_text(json.dumps({"momentum": SGD_SPACE}))
+    assert sweep_config_from_options(None, path, {}, space).search_spaces == {"momentum": SGD_SPACE}
+    # one space, one optimizer: --optimizer sgd also drops the file's space of momentum
+    space.write_text(json.dumps(SGD_SPACE))
+    config = sweep_config_from_options(None, path, {"optimizers": ["sgd"]}, space)
+    assert config.optimizers == ["sgd"] and config.search_spaces == {"sgd": SGD_SPACE}
+    with pytest.raises(BatchlabError, match="holds one search space but 2 optimizers are searched"):
+        sweep_config_from_options(None, path, {}, space)
+    config = sweep_config_from_options("mnist/fc_64_64_64", None, {"batch_sizes": [8], "trials": 1, "store": "s"},
+                                       space)
+    assert config.search_spaces == {"sgd": SGD_SPACE}
+
+
+def test_study_spaces_file_beats_config_beats_workload_beats_default_and_ids_follow_the_space(tmp_path):
+    import dataclasses
+    import json
+
+    from batchlab.search import default_search_space
+    from batchlab.sweep.config import sweep_config_from_options
+    from batchlab.sweep.plan import plan_studies
+    from batchlab.workloads import get_workload, register_workload
+
+    declared = {"learning_rate": {"type": "DOUBLE", "min_value": 0.1, "max_value": 0.3, "scale": "LOG_SCALE"}}
+    register_workload(dataclasses.replace(get_workload("mnist/fc_64_64_64"), name="mnist/fc_declares_sgd",
+                                          search_spaces={"sgd": declared}))
+    base = {"workloads": ["mnist/fc_declares_sgd"], "optimizers": ["sgd", "momentum"], "batch_sizes": [8],
+            "trials": 2, "steps": 10}
+
+    def spaces(config):
+        return {s.optimizer: s.search_space for s in plan_studies(config)}
+
+    workload_first = spaces(parse_sweep_config(base))
+    assert workload_first == {"sgd": declared, "momentum": default_search_space("momentum").to_batch_science()}
+    in_config = parse_sweep_config({**base, "search_spaces": {"sgd": CONFIG_SGD_SPACE}})
+    assert spaces(in_config)["sgd"] == CONFIG_SGD_SPACE
+    space = tmp_path / "space.toml"
+    space.write_text('[sgd.learning_rate]\ntype = "DOUBLE"\nmin_value = 0.05\nmax_value = 0.5\n')
+    path = tmp_path / "sweep.toml"
+    path.write_text("\n".join(f"{k} = {json.dumps(v)}" for k, v in base.items())
+                    + '\n[search_spaces.sgd.learning_rate]\ntype = "DOUBLE"\nmin_value = 0.01\nmax_value = 1.0\n'
+                      'scale = "LOG_SCALE"\n')
+    from_file = sweep_config_from_options(None, path, {}, space)
+    assert spaces(from_file)["sgd"] == SGD_SPACE
+    # the same space, as written, in the config or in a --search-space file: the same sweep and study ids
+    short = {"learning_rate": {**CONFIG_SGD_SPACE["learning_rate"], "scale": "LOG"}}
+    same = tmp_path / "same.json"
+    same.write_text(json.dumps({"sgd": short}))
+    in_toml = tmp_path / "in_config.toml"
+    in_toml.write_text(path.read_text().replace('"LOG_SCALE"', '"LOG"'))
+    base_only = tmp_path / "base.toml"
+    base_only.write_text("\n".join(f"{k} = {json.dumps(v)}" for k, v in base.items()) + "\n")
+    digests = [[s.digest for s in plan_studies(c)]
+               for c in (load_sweep_config(in_toml), sweep_config_from_options(None, base_only, {}, same))]
+    assert digests[0] == digests[1]
+    assert plan_studies(from_file)[0].digest != digests[0][0]  # another space is another study

@@ -215,3 +215,36 @@ def test_data_may_be_given_directly_instead_of_a_function():
     splits = _regression_data()
     w = Workload(name="toy/direct", make_model=_linear, data=(splits["train"], splits["val"]), task=regression(), goal=0.1)
     assert w.load_data().num_train == 50 and torch.equal(w.load_data().val_x, splits["val"][0])
+
+
+# --- declared search spaces -------------------------------------------------------------------------
+
+LR_SPACE = {"learning_rate": {"type": "DOUBLE", "min_value": 0.01, "max_value": 1, "scale": "LOG"}}
+
+
+def test_declared_search_spaces_are_kept_in_the_canonical_form_and_described():
+    w = Workload(name="toy/spaces", make_model=_linear, data=_regression_data, task=regression(), goal=0.1,
+                 search_spaces={"sgd": LR_SPACE})
+    canonical = {"learning_rate": {"type": "DOUBLE", "min_value": 0.01, "max_value": 1.0, "scale": "LOG_SCALE"}}
+    assert w.search_spaces == {"sgd": canonical}
+    assert w.describe()["search_spaces"] == {"sgd": canonical}
+    assert Workload(name="toy/none", make_model=_linear, data=_regression_data, goal=0.1).search_spaces == {}
+
+
+@pytest.mark.parametrize(
+    ("spaces", "message"),
+    [
+        ({"sdg": LR_SPACE}, "workload toy/x: search_spaces['sdg']: unknown optimizer 'sdg' (did you mean 'sgd'?)"),
+        ({"sgd": {"momentum": {"type": "DOUBLE", "min_value": 0.5, "max_value": 0.9}}},
+         "workload toy/x: search_spaces['sgd']: sgd takes no hyperparameter 'momentum'; allowed: learning_rate,"),
+        ({"sgd": {"learning_rate": {"type": "DOUBLE", "min_value": 0, "max_value": 1, "scale": "LOG"}}},
+         "workload toy/x: search_spaces['sgd']: parameter 'learning_rate': LOG scale needs 0 < min_value"),
+        ({"sgd": [1]}, "workload toy/x: search_spaces['sgd']: each parameter config in a list needs a string 'name'"),
+        ({1: LR_SPACE}, "workload toy/x: search_spaces[1]: optimizer names must be strings"),
+        ([("sgd", LR_SPACE)], "workload toy/x: search_spaces must map optimizer names to parameter_configs objects"),
+    ],
+)
+def test_bad_declared_search_spaces_are_one_line_naming_workload_and_optimizer(spaces, message):
+    with pytest.raises(BatchlabError, match=re_escape(message)) as info:
+        Workload(name="toy/x", make_model=_linear, data=_regression_data, goal=0.1, search_spaces=spaces)
+    assert "\n" not in str(info.value)

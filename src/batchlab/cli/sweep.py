@@ -1,7 +1,8 @@
 """``batchlab sweep``: whole batch-size studies in parallel, resumable, with progress.
 
-``batchlab sweep WORKLOAD --optimizer sgd,momentum --batch-sizes 16,64,256 --trials 8 --store DIR`` or
-``batchlab sweep --config sweep.toml`` (options given on the command line override the file).
+``batchlab sweep WORKLOAD --optimizer sgd,momentum --batch-sizes 16,64,256 --trials 8 --store DIR``,
+``batchlab sweep --config sweep.toml`` or both (WORKLOAD and options given on the command line override
+the file); ``--search-space FILE`` replaces the search spaces of the optimizers it names.
 The command only parses: :func:`batchlab.sweep.config.sweep_config_from_options` holds the defaults
 and validates everything before any trial runs (a bad value is one ``error: ...`` line, exit 2);
 :func:`batchlab.sweep.runner.prepare_sweep` and :func:`~batchlab.sweep.runner.run_sweep` run it, and
@@ -16,6 +17,7 @@ from typing import Annotated, Optional
 import typer
 
 from batchlab.cli import options as opt
+from batchlab.cli.train import SearchSpaceFile
 
 #: The ``--help`` epilog: where the TOML format is documented and its keys (tests check the keys
 #: against ``SweepConfig``).
@@ -26,8 +28,8 @@ CONFIG_KEYS = (
     "device", "vectorize", "vectorize_trials", "race", "batch_order", "search_spaces",
 )
 EPILOG = (
-    "Sweep config files (--config FILE, TOML; options given on the command line override the file) are "
-    "documented in README.md, section \"Sweep config files\", with the example "
+    "Sweep config files (--config FILE, TOML; WORKLOAD and options given on the command line override the file) "
+    "are documented in README.md, section \"Sweep config files\", with the example "
     "src/batchlab/sweep/examples/mnist_fc128_sgd_momentum.toml. Keys: " + ", ".join(CONFIG_KEYS) + "."
 )
 
@@ -42,7 +44,9 @@ def register(app: typer.Typer) -> None:
     def sweep(
         workload: Annotated[Optional[str], typer.Argument(help=opt.WORKLOAD_HELP, metavar="WORKLOAD")] = None,
         config: Annotated[Optional[str], typer.Option(
-            "--config", metavar="FILE", help="TOML sweep file (README.md, \"Sweep config files\").")] = None,
+            "--config", metavar="FILE",
+            help="TOML sweep file (README.md, \"Sweep config files\"); WORKLOAD and the options given here override "
+                 "its keys.")] = None,
         optimizer: Annotated[Optional[str], typer.Option(
             "--optimizer", help="Optimizer name(s), comma-separated (default: sgd).")] = None,
         batch_sizes: Annotated[Optional[str], typer.Option("--batch-sizes", help="Comma-separated batch sizes.")] = None,
@@ -106,6 +110,7 @@ def register(app: typer.Typer) -> None:
         goal: Annotated[Optional[float], typer.Option(
             "--goal", help="Goal on the workload's metric (default: the workload's): trials stop at it and "
                            "resolve its bracket; the table and budget growth use it.")] = None,
+        search_space: SearchSpaceFile = None,
         json_lines: SweepJson = False,
     ) -> None:
         """Run every (workload, optimizer, batch size) study of a sweep; resume where a previous run stopped."""
@@ -127,7 +132,7 @@ def register(app: typer.Typer) -> None:
             "executor": "dask" if dask else None,
             "vectorize": None if vectorize is None else ("always" if vectorize else "never"),
         }
-        settings = sweep_config_from_options(workload, config, options)
+        settings = sweep_config_from_options(workload, config, options, search_space)
         plan = prepare_sweep(settings)
         if only_batch_sizes is not None or only_optimizers is not None:
             from batchlab.sweep.runner import part_of

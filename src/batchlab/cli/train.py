@@ -10,6 +10,7 @@ Options shared with other commands come from :mod:`batchlab.cli.options`, output
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -27,13 +28,24 @@ TrainJson = opt.json_option(
     "One JSON object per evaluation, then a summary object (status, steps_to_goal and steps_lower: the goal was "
     "first met in (steps_lower, steps_to_goal]).")
 
+#: ``--search-space FILE`` of ``study`` and ``sweep`` (read by :func:`batchlab.search.search_spaces_from_file`).
+SearchSpaceFile = Annotated[Optional[Path], typer.Option(
+    "--search-space", metavar="FILE",
+    help="The search space, in the batch_science parameter_configs form (JSON or TOML: one space, or spaces keyed "
+         "by optimizer name), instead of the workload's or the optimizer's default (docs/methods.md, "
+         "\"Search-space files\").")]
+
 
 def _number(text: str) -> int | float:
-    """An int if ``text`` is an integer literal, else a float."""
+    """An int if ``text`` is an integer literal, else a float; ValueError for neither, or for an integer
+    beyond the float range (which no hyperparameter check could compare)."""
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         return float(text)
+    if abs(value) > sys.float_info.max:
+        raise ValueError(text)
+    return value
 
 
 def parse_hparams(items: list[str] | None) -> dict[str, int | float]:
@@ -47,7 +59,7 @@ def parse_hparams(items: list[str] | None) -> dict[str, int | float]:
         try:
             parsed[name] = _number(text.strip())
         except ValueError:
-            raise BatchlabError(f"--hparam {name}: value must be a number, got {text!r}") from None
+            raise BatchlabError(f"--hparam {name}: value must be a finite number, got {text!r:.40}") from None
     return parsed
 
 
@@ -245,15 +257,23 @@ def register(app: typer.Typer) -> None:
         refine: opt.Refine = "replay",
         device: opt.Device = "auto",
         race: opt.Race = False,
+        search_space: SearchSpaceFile = None,
         json_output: StudyJson = False,
     ) -> None:
         """Run one study (one workload at one batch size) and print its best trial."""
+        from batchlab.optim import get_optimizer
+        from batchlab.search import search_spaces_from_file
         from batchlab.train.device import check_device
         from batchlab.train.study import check_study, run_study
 
+        device = check_device(device)
+        given = None
+        if search_space is not None:
+            get_optimizer(optimizer)  # a misspelt optimizer is named as such, not as one the file leaves out
+            given = search_spaces_from_file(search_space, [optimizer]).get(optimizer)
         common = dict(train_examples=train_examples, seed=seed, stop_at_goal=stop_at_goal, eval_budget=eval_budget,
                       train_eval_examples=train_eval_examples, resolution=resolution, refine=refine,
-                      device=check_device(device), race=race)
+                      device=device, race=race, search_space=given)
         budget = check_study(workload, optimizer, batch_size, trials, steps=steps, **common)
         opened = opt.open_store(store)
 

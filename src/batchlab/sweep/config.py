@@ -5,7 +5,8 @@ is one *study* with ``trials`` quasi-random points of its optimizer's search spa
 budget. Everything is validated here, before any trial runs: a bad value becomes one
 :class:`~batchlab.errors.BatchlabError` line naming the field and the allowed values.
 :func:`sweep_config_from_options` is the command line's way in (it holds the defaults of
-``batchlab sweep``); :func:`load_sweep_config` reads a TOML file; :class:`SweepConfig` takes Python
+``batchlab sweep`` and combines WORKLOAD, ``--config`` and ``--search-space``, the command line
+winning); :func:`load_sweep_config` reads a TOML file (UTF-8); :class:`SweepConfig` takes Python
 values (``workloads`` may hold :class:`~batchlab.workloads.Workload` objects).
 
 TOML layout (all keys top level; ``search_spaces`` and ``budgets`` are tables; README.md, "Sweep
@@ -49,7 +50,8 @@ config files", documents every key, with ``src/batchlab/sweep/examples/mnist_fc1
     [budgets]                  # per-batch-size step budgets (override ``steps``)
     16 = 4000
 
-    [search_spaces.momentum.learning_rate]   # batch_science parameter_configs, per optimizer
+    [search_spaces.momentum.learning_rate]   # batch_science parameter_configs, per optimizer (absent: the
+                                             # workload's declared space, else the optimizer's default)
     type = "DOUBLE"
     min_value = 1e-3
     max_value = 10.0
@@ -61,8 +63,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import tomllib
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator,
@@ -290,49 +290,59 @@ def parse_sweep_config(data: dict[str, Any], source: str = "sweep config") -> Sw
 def load_sweep_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> SweepConfig:
     """Read a TOML sweep file, apply command-line ``overrides`` (non-None values win), validate.
 
+    Overriding ``optimizers`` also drops the file's ``search_spaces`` of the optimizers it leaves out.
+
     Raises:
-        BatchlabError: the file is missing, not TOML, or invalid (one line naming the field).
+        BatchlabError: the file is missing, unreadable, not UTF-8, not TOML, or invalid (one line naming
+            the field).
     """
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BatchlabError(f"sweep config {str(path)!r} does not exist") from None
-    except OSError as exc:
-        raise BatchlabError(f"cannot read sweep config {str(path)!r}: {exc.strerror}") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise BatchlabError(f"{path}: not valid TOML: {str(exc).splitlines()[0]}") from None
-    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    from batchlab.search.files import parse_toml, read_text
+
+    data = parse_toml(read_text(path, "sweep config"), str(path))
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    spaces = data.get("search_spaces")
+    if "optimizers" in given and isinstance(spaces, dict):
+        data["search_spaces"] = {k: v for k, v in spaces.items() if k in given["optimizers"]}
+    data.update(given)
     return parse_sweep_config(data, source=str(path))
 
 
 def sweep_config_from_options(workload: Any = None, config: str | os.PathLike | None = None,
-                              options: dict[str, Any] | None = None) -> SweepConfig:
-    """The sweep ``batchlab sweep`` describes: ``WORKLOAD`` with options, or ``--config FILE`` with
-    options overriding the file (``None`` values are not given).
+                              options: dict[str, Any] | None = None,
+                              search_space: str | os.PathLike | None = None) -> SweepConfig:
+    """The sweep ``batchlab sweep`` describes: ``WORKLOAD`` with options, ``--config FILE`` with options
+    overriding the file (``None`` values are not given), or both (``WORKLOAD`` replaces the file's
+    ``workloads``).
 
     Without a file, ``optimizers`` defaults to :data:`DEFAULT_OPTIMIZERS` and ``batch_sizes``,
     ``trials`` and ``store`` are required; every other default is :class:`SweepConfig`'s.
+    ``search_space`` is a ``--search-space`` file (:func:`batchlab.search.search_spaces_from_file`, for
+    the sweep's optimizers): its spaces replace those of the same optimizers in ``search_spaces``.
 
     Raises:
-        BatchlabError: both or neither of ``workload`` and ``config``, a missing required option, or
-            anything :func:`parse_sweep_config` refuses.
+        BatchlabError: neither ``workload`` nor ``config``, a missing required option, a bad search-space
+            file, or anything :func:`parse_sweep_config` refuses.
     """
     given = {k: v for k, v in (options or {}).items() if v is not None}
+    if workload is not None:
+        given["workloads"] = [workload]
     if config is not None:
-        if workload is not None:
-            raise BatchlabError("give either WORKLOAD or --config, not both (the config file lists workloads)")
-        return load_sweep_config(config, given)
-    if workload is None:
+        settings = load_sweep_config(config, given)
+    elif workload is None:
         raise BatchlabError("missing WORKLOAD (e.g. mnist/fc_128_128_128) or --config FILE")
-    data = {"optimizers": list(DEFAULT_OPTIMIZERS), **given, "workloads": [workload]}
-    missing = [flag for flag, key in (("--batch-sizes", "batch_sizes"), ("--trials", "trials"), ("--store", "store"))
-               if key not in data]
-    if missing:
-        raise BatchlabError(f"missing {', '.join(missing)} (required without --config)")
-    return parse_sweep_config(data, source="sweep options")
+    else:
+        data = {"optimizers": list(DEFAULT_OPTIMIZERS), **given}
+        missing = [flag for flag, key in (("--batch-sizes", "batch_sizes"), ("--trials", "trials"),
+                                          ("--store", "store")) if key not in data]
+        if missing:
+            raise BatchlabError(f"missing {', '.join(missing)} (required without --config)")
+        settings = parse_sweep_config(data, source="sweep options")
+    if search_space is None:
+        return settings
+    from batchlab.search.files import search_spaces_from_file
+
+    spaces = {**settings.search_spaces, **search_spaces_from_file(search_space, settings.optimizers)}
+    return settings.model_copy(update={"search_spaces": spaces})  # every space validated already
 
 
 def check_names(config: SweepConfig, source: str = "sweep config") -> None:

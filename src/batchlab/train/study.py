@@ -2,8 +2,10 @@
 
 Conventions:
 
-* The search space is the optimizer's default (``batchlab.search.default_search_space``) for the
-  study's step budget, recorded in the store with every trial.
+* The search space is ``search_space`` (parameter_configs, e.g. from ``--search-space FILE``) when
+  given, else the workload's declared space for the optimizer (``Workload.search_spaces``), else the
+  optimizer's default for the study's step budget (``batchlab.search.study_search_space``); it is
+  recorded in the store with every trial (in the study definition, so another space is another study).
 * Trial ids come from ``store.next_trial_id`` (1 for a new study). Trial id ``k`` takes point
   ``k - 1`` of the space's quasi-random sequence for ``seed`` and the trial seed ``seed + k - 1``,
   so running a study twice into the same store continues the sequence instead of repeating it, and
@@ -47,7 +49,8 @@ from batchlab.train.trial import (
 )
 from batchlab.workloads.schedule import DEFAULT_RESOLUTION
 
-__all__ = ["StudyResult", "best_trial", "best_final_trial", "check_study", "run_study", "study_trial_specs"]
+__all__ = ["StudyResult", "best_trial", "best_final_trial", "check_points", "check_study", "run_study",
+           "study_trial_specs"]
 
 
 @dataclass
@@ -107,14 +110,15 @@ def study_trial_specs(
     refine: str = "replay",
     device: str = "auto",
     race: bool = False,
+    search_space: dict | None = None,
 ) -> list[TrialSpec]:
     """The specs of ``trials`` consecutive trials of a study, starting at ``first_trial_id``.
 
     ``eval_budget``, ``train_eval_examples``, ``resolution``, ``refine`` and ``device`` are as in
     :class:`TrialSpec`, the same for every trial, as is the study definition (see the module
-    docstring; ``race`` adds its ``race`` entry)."""
+    docstring; ``race`` adds its ``race`` entry); ``search_space`` as there."""
     from batchlab.train.race import race_definition
-    from batchlab.search import default_search_space
+    from batchlab.search import study_search_space
     from batchlab.store.schema import store_workload_name
     from batchlab.train.device import device_type
     from batchlab.workloads import resolve_workload
@@ -125,11 +129,11 @@ def study_trial_specs(
         raise BatchlabError(f"seed must be an integer >= 0, got {seed!r}")
     if race and not stop_at_goal:
         raise BatchlabError("racing needs trials that stop at the goal: drop --no-stop-at-goal, or drop --race")
-    space = default_search_space(optimizer, train_steps=steps)
+    w = resolve_workload(workload)
+    space = study_search_space(optimizer, search_space, w, train_steps=steps)
     first_index = max(0, int(first_trial_id) - 1)
     points = space.sample(first_index + trials, seed=seed)[first_index:]
     configs = space.to_batch_science()
-    w = resolve_workload(workload)
     kind = device_type(device)
     probe = TrialSpec(workload=workload, optimizer=optimizer, batch_size=batch_size, hyperparameters={}, steps=steps,
                       train_examples=train_examples, data_seed=seed, search_space=configs)
@@ -181,16 +185,31 @@ def check_study(
     refine: str = "replay",
     device: str = "auto",
     race: bool = False,
+    search_space: dict | None = None,
 ) -> int:
-    """Validate a study (workload, optimizer, batch size, data, budget, device) without writing
-    anything; return its step budget (``steps``, or the workload's default). Raises BatchlabError."""
+    """Validate a study (workload, optimizer, batch size, data, budget, device, the hyperparameters of
+    its ``trials`` first points) without writing anything; return its step budget (``steps``, or the
+    workload's default). Raises BatchlabError."""
     from batchlab.workloads import resolve_workload
 
     budget = resolve_workload(workload).default_steps if steps is None else steps
-    probe = study_trial_specs(workload, optimizer, batch_size, trials, 1, budget, train_examples, seed, stop_at_goal,
-                              eval_budget, train_eval_examples, resolution, refine, device, race)[0]
-    prepare_trial(probe)
+    specs = study_trial_specs(workload, optimizer, batch_size, trials, 1, budget, train_examples, seed, stop_at_goal,
+                              eval_budget, train_eval_examples, resolution, refine, device, race, search_space)
+    check_points(specs)
+    prepare_trial(specs[0])
     return budget
+
+
+def check_points(specs: list[TrialSpec]) -> None:
+    """BatchlabError (one line) when a point of these trials is not a valid set of hyperparameters for
+    their optimizer (a search space whose range leaves the optimizer's allowed values)."""
+    from batchlab.optim import resolve_hyperparameters
+
+    for spec in specs:
+        try:
+            resolve_hyperparameters(spec.optimizer, spec.hyperparameters)
+        except BatchlabError as exc:
+            raise BatchlabError(f"search space of {spec.optimizer}, trial {spec.trial_id}: {exc}") from None
 
 
 def run_study(
@@ -211,26 +230,28 @@ def run_study(
     refine: str = "replay",
     device: str = "auto",
     race: bool = False,
+    search_space: dict | None = None,
 ) -> StudyResult:
     """Run ``trials`` trials of one study one after another, each recorded into ``store``.
 
     Everything is validated first (:func:`check_study`), so bad input writes nothing.
     ``steps=None`` uses the workload's default budget. ``on_trial`` is called after each trial.
     ``eval_budget``, ``train_eval_examples``, ``resolution``, ``refine`` and ``device`` are as in
-    :class:`TrialSpec`; ``race`` races the trials (module docstring).
+    :class:`TrialSpec`; ``race`` races the trials and ``search_space`` replaces the default space
+    (module docstring).
     """
-    from batchlab.search import default_search_space
     from batchlab.store.schema import store_workload_name
     from batchlab.workloads import resolve_workload
 
     if store is None:
         raise BatchlabError("a study needs a store to record its trials")
     budget = check_study(workload, optimizer, batch_size, trials, steps, train_examples, seed, stop_at_goal,
-                         eval_budget, train_eval_examples, resolution, refine, device, race)
+                         eval_budget, train_eval_examples, resolution, refine, device, race, search_space)
     name = store_workload_name(resolve_workload(workload).name, optimizer)
     first_id = store.next_trial_id(name, int(batch_size))
     specs = study_trial_specs(workload, optimizer, batch_size, trials, first_id, budget, train_examples, seed, stop_at_goal,
-                              eval_budget, train_eval_examples, resolution, refine, device, race)
+                              eval_budget, train_eval_examples, resolution, refine, device, race, search_space)
+    check_points(specs)  # the points of a continued study, from its next trial id on
     contest = None
     if race:
         from batchlab.store.studies import study_id
@@ -242,7 +263,7 @@ def run_study(
     result = StudyResult(
         workload=name,
         batch_size=int(batch_size),
-        search_space=default_search_space(optimizer, train_steps=budget).to_batch_science(),
+        search_space=specs[0].search_space,
     )
     for spec in specs:
         trial = run_prepared(prepare_trial(spec), store=store, on_measurement=on_measurement, race=contest)

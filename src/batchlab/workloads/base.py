@@ -88,6 +88,35 @@ def _check_int(name: str, what: str, value: Any, minimum: int) -> int:
     return value
 
 
+def _declared_search_spaces(name: str, spaces: Any) -> dict[str, dict[str, Any]]:
+    """A workload's ``search_spaces`` checked (optimizer names, spaces, parameters each optimizer takes)
+    and in the canonical batch_science form; one-line BatchlabError naming the workload and optimizer."""
+    if not isinstance(spaces, Mapping):
+        raise BatchlabError(f"workload {name}: search_spaces must map optimizer names to parameter_configs "
+                            f"objects, got {type(spaces).__name__}")
+    if not spaces:
+        return {}
+    from batchlab.optim import optimizer_defaults
+    from batchlab.search import SearchSpace
+
+    out = {}
+    for optimizer, configs in spaces.items():
+        where = f"workload {name}: search_spaces[{optimizer!r}]"
+        if not isinstance(optimizer, str):
+            raise BatchlabError(f"{where}: optimizer names must be strings")
+        try:
+            allowed = optimizer_defaults(optimizer)
+            space = SearchSpace.from_batch_science(configs)
+        except BatchlabError as exc:
+            raise BatchlabError(f"{where}: {exc}") from None
+        unknown = [p for p in space.names if p not in allowed]
+        if unknown:
+            raise BatchlabError(f"{where}: {optimizer} takes no hyperparameter {unknown[0]!r}; allowed: "
+                                + ", ".join(allowed))
+        out[optimizer] = space.to_batch_science()
+    return out
+
+
 @dataclass(frozen=True, kw_only=True)
 class Workload:
     """A workload: model factory, data, task (loss and metrics), goal and default budget.
@@ -116,6 +145,14 @@ class Workload:
     the number of classes, or vocabulary size; read from the data by :meth:`describe` when not
     given), ``token_inputs`` (inputs are int64 token ids).
 
+    ``search_spaces`` (optional) maps optimizer names to the search space this workload's studies of
+    that optimizer search by default, each in the batch_science ``parameter_configs`` form
+    (``{"sgd": {"learning_rate": {"type": "DOUBLE", "min_value": 0.01, "max_value": 1.0, "scale":
+    "LOG_SCALE"}}}``); it replaces the optimizer's generic default and gives way to a sweep config's
+    ``search_spaces`` and ``--search-space`` (:func:`batchlab.search.study_search_space`). It is checked
+    when the workload is built (known optimizers, valid spaces, parameters the optimizer takes) and
+    kept in the canonical form (scales with ``_SCALE``).
+
     ``reference`` is set by :func:`batchlab.workloads.resolve_workload` when the workload came from a
     reference (``package.module:function`` or ``/abs/path/file.py:function``); such a workload pickles
     as its reference, so worker processes re-import it. A modified copy
@@ -142,6 +179,7 @@ class Workload:
     eval_examples: dict[str, int | None] = field(default_factory=lambda: {"train": 2000, "val": None, "test": None})
     eval_batch_size: int | None = None
     schedule: EvaluationSchedule = field(default_factory=EvaluationSchedule)
+    search_spaces: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     reference: str | None = None
 
     def __post_init__(self) -> None:
@@ -188,6 +226,7 @@ class Workload:
             object.__setattr__(self, "input_shape", tuple(self.input_shape))
         if self.split_sizes is None or (isinstance(self.split_sizes, _CountedSizes) and self.split_sizes.owner is not self):
             object.__setattr__(self, "split_sizes", _CountedSizes(self))
+        object.__setattr__(self, "search_spaces", _declared_search_spaces(name, self.search_spaces))
         if self.reference is not None and not isinstance(self.reference, str):
             raise BatchlabError(f"workload {name}: reference must be a string or None, got {type(self.reference).__name__}")
 
@@ -353,5 +392,6 @@ class Workload:
             "data": self.data_notes,
             "eval_examples": dict(self.eval_examples),
             "evaluation_schedule": self.schedule.describe(),
+            "search_spaces": dict(self.search_spaces),
             "reference": self.reference,
         }
