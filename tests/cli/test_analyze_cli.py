@@ -227,13 +227,28 @@ def studies_store(tmp_path_factory):
     return path, ids
 
 
-def test_two_study_definitions_at_one_batch_size_need_a_choice(capsys, studies_store):
+def test_a_train_run_and_a_sweep_give_one_labelled_result_each(capsys, studies_store):
+    """The documented workflow: a store holding a train run, a sweep and a stop-at-goal study at one
+    workload answers one labelled result per unit (study group), never pooled and never refused as
+    "trials from 2 studies"; a unit that cannot answer the goal is one warning line, not the whole run."""
     path, ids = studies_store
     base = ["analyze", "steps-to-result", "--store", str(path), "--workload", SGD, "--metric", E, "--goal", "0.01"]
     code, out, err = run(capsys, *base, "--json")
-    assert (code, out) == (2, "") and err.count("\n") == 1
-    assert "batch size 64" in err and ids["train"] in err and ids["sweep64"] in err and "sweep sweep-a" in err
-    assert "--study ID" in err and "--mix-studies" in err
+    assert code == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    errors = [d for d in lines if "error" in d]
+    by_unit = {}
+    for d in lines:
+        if "error" not in d:
+            by_unit.setdefault(d["unit"], []).append((d["batch_size"], d["steps"], d["study_ids"]))
+    assert by_unit[f"{SGD} [sweep sweep-a]"] == [(64, None, [ids["sweep64"]]), (128, 80, [ids["sweep128"]])]
+    (train_unit,) = [u for u, r in by_unit.items() if r == [(64, 1680, [ids["train"]])]]
+    assert train_unit.startswith(f"{SGD} [studies ") and len(by_unit) == 2
+    # the stop-at-goal study (stopped at error < 0.02) cannot answer the stricter 0.01: said, not pooled
+    assert len(errors) == 1 and "goal 0.01 is stricter" in errors[0]["error"] and errors[0]["unit"] not in by_unit
+    assert err.count("\n") == 1 and err.startswith(f"warning: {errors[0]['unit']}: ")
+    code, out, err = run(capsys, *base)
+    assert code == 0 and f"{SGD} [sweep sweep-a]: steps to" in out and f"{train_unit}: steps to" in out
     code, out, err = run(capsys, *base, "--study", "sweep-a", "--json")
     assert code == 0, err
     lines = [json.loads(line) for line in out.splitlines()]
@@ -252,6 +267,58 @@ def test_two_study_definitions_at_one_batch_size_need_a_choice(capsys, studies_s
     assert lines[64]["steps"] == 1680 and lines[128]["mixed_studies"] is False
     code, out, err = run(capsys, *base[:-1], "0.02", "--mix-studies")
     assert code == 0 and "MIXED studies" in out
+
+
+def test_metric_goal_and_direction_default_to_the_studies_stop_rule(capsys, studies_store):
+    path, ids = studies_store
+    base = ["analyze", "steps-to-result", "--store", str(path), "--workload", SGD, "--json"]
+    code, out, err = run(capsys, *base, "--study", ids["stop"])
+    assert code == 0, err
+    (line,) = [json.loads(line) for line in out.splitlines()]
+    assert (line["metric"], line["goal"], line["steps"]) == (E, 0.02, 400) and line["maximize"] is False
+    # --goal alone takes the stop rule's metric; --metric alone of another metric needs its --goal
+    code, out, err = run(capsys, *base, "--study", ids["stop"], "--goal", "0.03")
+    assert code == 0 and json.loads(out)["goal"] == 0.03 and json.loads(out)["metric"] == E
+    code, out, err = run(capsys, *base, "--study", ids["stop"], "--metric", "val/cross_entropy_error")
+    assert (code, out) == (2, "") and err.count("\n") == 1 and "give --goal" in err
+
+
+def test_studies_with_different_stop_rules_are_not_pooled_without_a_goal(capsys, tmp_path):
+    from batchlab.store import Store
+    from batchlab.store.studies import make_study_definition
+    from batchlab.store.writer import publish_trials
+
+    path = tmp_path / "store"
+    definitions = [make_study_definition(workload=SGD, batch_size=b, train_steps=1000,
+                                         stop_rule={"metric": E, "goal": goal, "maximize": False})
+                   for b, goal in ((32, 0.02), (64, 0.05))]
+    publish_trials(Store.open(path, create=True), [
+        record(1, 32, [(10, 0.5), (400, 0.015)], definitions[0], status="STOPPED_AT_GOAL"),
+        record(1, 64, [(10, 0.5), (200, 0.04)], definitions[1], status="STOPPED_AT_GOAL")])
+    base = ["analyze", "steps-to-result", "--store", str(path), "--workload", SGD, "--mix-studies", "--json"]
+    code, out, err = run(capsys, *base)
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert "2 different stop rules" in err and "give --metric and --goal" in err
+    code, out, err = run(capsys, *base, "--metric", E, "--goal", "0.05")
+    assert code == 0 and [json.loads(line)["steps"] for line in out.splitlines()] == [400, 200]
+
+
+def test_workload_is_dataset_model_with_optimizer_or_the_stores_name(capsys, studies_store):
+    path, ids = studies_store
+    base = ["analyze", "steps-to-result", "--store", str(path), "--study", ids["stop"], "--json"]
+    answers = []
+    for workload in (["--workload", SGD], ["--workload", "mnist/fc_64_64_64", "--optimizer", "sgd"],
+                     ["--workload", "mnist/fc_64_64_64"]):
+        code, out, err = run(capsys, *base, *workload)
+        assert code == 0, err
+        answers.append(out)
+    assert answers[0] == answers[1] == answers[2]
+    for workload, known in ((["--workload", "mnist/fc_64_64_64", "--optimizer", "adam"], "mnist/fc_64_64_64/adam"),
+                            (["--workload", "foo/bar/baz"], "foo/bar/baz"),
+                            (["--workload", SGD, "--optimizer", "adam"], "--optimizer")):
+        code, out, err = run(capsys, *base, *workload)
+        assert (code, out) == (2, "") and err.count("\n") == 1 and known in err
+        assert workload[1] == SGD or f"known: {SGD}" in err
 
 
 def test_stricter_goal_on_stop_at_goal_trials_is_refused(capsys, studies_store):
@@ -333,7 +400,7 @@ def test_steps_table_option_errors(capsys, tmp_path, store_dir):
                          "--metric", E, "--goal", "0.01", "--group-by", "x")
     assert code == 2 and "--group-by needs --steps-table" in err
     code, out, err = run(capsys, "analyze", "critical-batch-size", "--workload", W)
-    assert code == 2 and "missing --store, --metric, --goal" in err
+    assert code == 2 and "missing --store (or give --steps-table FILE)" in err  # --metric, --goal: defaulted
 
 
 def test_steps_interval_notes_are_per_batch_size_not_the_first_rows(capsys, store_dir):

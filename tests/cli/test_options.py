@@ -7,7 +7,7 @@ import pytest
 import typer.main
 
 from batchlab.cli import app
-from batchlab.cli.options import make_selection, parse_csv, parse_max_trials, parse_studies
+from batchlab.cli.options import parse_csv, parse_max_trials, parse_studies, unit_selections
 from batchlab.errors import BatchlabError
 
 SHARED = ("--store", "--metric", "--maximize", "--max-trials", "--status", "--study", "--mix-studies",
@@ -50,8 +50,12 @@ def test_parsers():
     assert parse_csv("8, 16", "--batch-sizes", int) == [8, 16] and parse_csv(None, "--x") is None
     with pytest.raises(BatchlabError, match="--batch-sizes must be a comma-separated list of integers"):
         parse_csv("8,x", "--batch-sizes", int)
-    selection = make_selection("w/m/sgd", "val/error", 0.1, max_trials="5", studies=["s1,s2"])
-    assert selection.max_trials == 5 and selection.studies == ("s1", "s2")
+    from batchlab.analysis.units import Unit
+
+    # metric, goal and direction given: no default is looked up in a store
+    (selection,) = unit_selections(None, [Unit("w/m/sgd", "sweep s", "", ("s1", "s2"))], "val/error", 0.1, False,
+                                   max_trials="5")
+    assert selection.max_trials == 5 and selection.studies == ("s1", "s2") and selection.workload == "w/m/sgd"
     assert selection.statuses == ("COMPLETE", "STOPPED_AT_GOAL", "RACED")
 
 

@@ -205,3 +205,58 @@ def test_lr_momentum_plot_of_a_raced_study(capsys, raced_store, tmp_path):
                          "--goal", "0.05", "--out", str(out_file))
     assert code == 0, err
     assert out_file.read_bytes().startswith(PNG)
+
+
+@pytest.fixture(scope="module")
+def two_unit_store(tmp_path_factory):
+    """A train-like study at B=8 (stop at error < 0.05) and a sweep ``sw`` at B=8 and 32 (the same stop
+    rule): two units of one workload, which before units were refused as "trials from 2 studies"."""
+    from analysis_fixtures import publish_store
+    from batchlab.store.studies import make_study_definition
+
+    stop = {"metric": E, "goal": 0.05, "maximize": False}
+    definitions = {"train": make_study_definition(workload=NESTEROV, batch_size=8, train_steps=40, stop_rule=stop),
+                   "sw8": make_study_definition(workload=NESTEROV, batch_size=8, train_steps=40, stop_rule=stop,
+                                                sweep="sw"),
+                   "sw32": make_study_definition(workload=NESTEROV, batch_size=32, train_steps=40, stop_rule=stop,
+                                                 sweep="sw")}
+    trials = [trial(NESTEROV, b, t, [(1, {E: 0.5}), (hit, {E: 0.04})], study=study, status="STOPPED_AT_GOAL",
+                    learning_rate=0.1 * t, momentum=0.9)
+              for study, b, hits in (("train", 8, {1: 30}), ("sw8", 8, {2: 20, 3: 30}), ("sw32", 32, {1: 5, 2: 20}))
+              for t, hit in hits.items()]
+    path = tmp_path_factory.mktemp("units") / "store"
+    publish_store(path, trials, definitions)
+    return path
+
+
+def test_steps_to_result_plot_draws_one_labelled_curve_per_unit(capsys, two_unit_store, tmp_path):
+    """The figure's curves are the units analyze answers (checked through its JSON)."""
+    out_file = tmp_path / "steps.png"
+    # no --metric/--goal: the studies' recorded stop rule (error < 0.05)
+    code, out, err = run(capsys, "plot", "steps-to-result", "--store", two_unit_store, "--workload",
+                         "mnist/simple_cnn_base", "--optimizer", "nesterov_momentum", "--out", out_file)
+    assert code == 0, err
+    assert out.strip() == str(out_file) and out_file.read_bytes().startswith(PNG)
+    code, out, err = run(capsys, "analyze", "steps-to-result", "--store", two_unit_store, "--workload", NESTEROV,
+                         "--json")
+    import json
+
+    units = {}
+    for row in map(json.loads, out.splitlines()):
+        units.setdefault(row["unit"], []).append((row["batch_size"], row["steps"], row["goal"]))
+    assert units[f"{NESTEROV} [sweep sw]"] == [(8, 20, 0.05), (32, 5, 0.05)]
+    assert [v for k, v in units.items() if k != f"{NESTEROV} [sweep sw]"] == [[(8, 30, 0.05)]]
+
+
+def test_per_unit_figures_are_written_beside_out(capsys, two_unit_store, tmp_path):
+    out_file = tmp_path / "meta.png"
+    code, out, err = run(capsys, "plot", "metaparameters", "--store", two_unit_store, "--workload", NESTEROV,
+                         "--out", out_file)
+    assert code == 0, err
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert len(written) == 2 and "meta.nesterov_momentum_sweep_sw.png" in written
+    assert sorted(out.split()) == sorted(str(tmp_path / name) for name in written)
+    # --study narrows to one unit: the figure is --out itself
+    code, out, err = run(capsys, "plot", "metaparameters", "--store", two_unit_store, "--workload", NESTEROV,
+                         "--study", "sw", "--out", tmp_path / "one.png")
+    assert code == 0 and out.strip() == str(tmp_path / "one.png")

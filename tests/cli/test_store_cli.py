@@ -66,7 +66,7 @@ def test_failed_import_into_an_existing_store_keeps_it(tmp_path, capsys):
     studies = make_release(tmp_path / "bad")
     (studies[("mnist/simple_cnn_base/sgd", 8)] / "study.json").write_bytes(b"\xff garbage")
     code, out, err = run(capsys, "import", "batch-science", tmp_path / "bad", "--store", store)
-    assert (code, out) == (2, "") and err.count("\n") == 1 and "bad JSON" in err
+    assert (code, out) == (2, "") and err.count("\n") == 1 and "8/study.json" in err  # bad JSON, or not UTF-8
     code, out, _ = run(capsys, "store", "info", "--store", store, "--json")
     assert code == 0 and json.loads(out)["measurements"] == 240
 
@@ -189,3 +189,189 @@ def test_info_lists_the_device_of_each_study(tmp_path, capsys):
     code, out, _ = run(capsys, "store", "info", "--store", tmp_path / "store")
     rows = [r for r in _rows(out) if r[0] == w]
     assert sorted(r[8] for r in rows) == ["cpu", "cuda"] and all(r[10] == "2 definitions at this batch size" for r in rows)
+
+
+# ------------------------------------------------------------- damaged, read-only and full stores
+from store_damage import DAMAGE, data_bytes, every_file, flip_middle, read_only, three_commits  # noqa: E402
+
+CSV = "workload,batch_size,trial_id,step,val/classification_error\nmnist/fc_64_64_64/sgd,8,1,0,0.5\n"
+
+
+def _commands(tmp_path):
+    """One command of each kind that reads a store (argument lists, the store as ``{store}``)."""
+    (tmp_path / "runs.csv").write_text(CSV)
+    return {
+        "info": ["store", "info", "--store", "{store}"],
+        "compact": ["store", "compact", "--store", "{store}"],
+        "export": ["export", "batch-science", "--store", "{store}", "--out", str(tmp_path / "out")],
+        "import table": ["import", "table", str(tmp_path / "runs.csv"), "--store", "{store}"],
+        "import batch-science": ["import", "batch-science", str(tmp_path / "rel"), "--store", "{store}"],
+        "analyze": ["analyze", "steps-to-result", "--store", "{store}", "--workload", "mnist/simple_cnn_base/sgd",
+                    "--metric", "val/classification_error", "--goal", "0.5"],
+        "report": ["report", "--store", "{store}", "--out", str(tmp_path / "report.html")],
+        "train": ["train", "mnist/fc_64_64_64", "--optimizer", "sgd", "--batch-size", "32", "--learning-rate", "0.1",
+                  "--steps", "4", "--train-examples", "128", "--store", "{store}"],
+    }
+
+
+def _one_line_exit_2(capsys, args, store, *fragments):
+    code, out, err = run(capsys, *[a.replace("{store}", str(store)) for a in args])
+    assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1, (args, err)
+    assert all(f in err for f in fragments), (args, err)
+
+
+@pytest.mark.parametrize("damage", ["log entry deleted", *(f"{kind} {table} file" for kind in sorted(DAMAGE)
+                                                         for table in ("workloads", "studies", "trials", "measurements"))])
+def test_a_damaged_store_is_one_line_in_every_command_and_stays_as_it_is(tmp_path, capsys, damage):
+    store = three_commits(tmp_path)
+    if damage == "log entry deleted":
+        (store.root / "log" / "000000000002.json").unlink()
+        fragments = ("log entry log/000000000002.json is missing", "would restore log entry 2 from its copy")
+    else:
+        damage, table, _ = damage.split()
+        target = store.state().files[table][0]
+        DAMAGE[damage](store.root / target)
+        fragments = (f"data file {target}", "would move 4 data files of log entry 1 to quarantine/")
+    before = every_file(store.root)
+    for args in _commands(tmp_path).values():
+        _one_line_exit_2(capsys, args, store.root, f"store repair --store {store.root}", *fragments)
+    assert every_file(store.root) == before
+
+
+def test_store_repair_restores_a_deleted_entry_and_says_what_it_recovered(tmp_path, capsys):
+    store = three_commits(tmp_path)
+    (store.root / "log" / "000000000002.json").unlink()
+    code, out, _ = run(capsys, "store", "repair", "--store", store.root, "--dry-run")
+    assert code == 0 and out.startswith("restore log entry 2 from its copy data/log/000000000002.json")
+    assert not (store.root / "log" / "000000000002.json").exists()
+    code, out, _ = run(capsys, "store", "repair", "--store", store.root, "--json")
+    (action,) = json.loads(out)["actions"]
+    assert code == 0 and (action["kind"], action["seq"], action["trials"]) == ("restore", 2, 8)
+    code, out, _ = run(capsys, "store", "info", "--store", store.root, "--json")
+    assert code == 0 and sum(json.loads(out)["trials"].values()) == 24
+    code, out, _ = run(capsys, "store", "repair", "--store", store.root)
+    assert code == 0 and out == f"store {store.root} is intact: every commit present, every data file matches its size and sha256\n"
+
+
+def test_a_file_damaged_in_place_is_one_line_when_read_and_repair_quarantines_it(tmp_path, capsys):
+    store = three_commits(tmp_path)
+    target = store.state().files["measurements"][1]
+    flip_middle(store.root / target)  # same size, magic intact: passes the per-read checks
+    _one_line_exit_2(capsys, _commands(tmp_path)["export"], store.root, "cannot read the store's data files",
+                     "store repair --store DIR --dry-run")
+    everything = data_bytes(store.root)
+    code, out, _ = run(capsys, "store", "repair", "--store", store.root)
+    assert code == 0 and out.startswith("moved 4 data files of log entry 2 to quarantine/ and commit their removal")
+    assert "does not match the sha256 its commit recorded" in out and "8 trials no longer visible" in out
+    assert data_bytes(store.root) == everything  # moved, never deleted
+    code, out, _ = run(capsys, "export", "batch-science", "--store", store.root, "--out", tmp_path / "out2")
+    assert code == 0 and "16 trials" in out
+
+
+def test_a_read_only_store_is_one_line_for_every_command_that_writes(tmp_path, capsys, monkeypatch):
+    store = three_commits(tmp_path)
+    (tmp_path / "runs.csv").write_text(CSV)
+    make_release(tmp_path / "rel2", n_trials=5)  # trials the store does not hold yet
+    before = every_file(store.root)
+    read_only(monkeypatch, store.root)
+    for args in (["import", "table", str(tmp_path / "runs.csv"), "--store", "{store}"],
+                 ["import", "batch-science", str(tmp_path / "rel2"), "--store", "{store}"],
+                 ["store", "compact", "--store", "{store}"],
+                 ["store", "repair", "--store", "{store}"],
+                 ["train", "mnist/fc_64_64_64", "--optimizer", "sgd", "--batch-size", "32", "--learning-rate", "0.1",
+                  "--steps", "4", "--train-examples", "128", "--store", "{store}"]):
+        _one_line_exit_2(capsys, args, store.root, "Read-only file system (EROFS)")
+    code, out, _ = run(capsys, "store", "info", "--store", store.root, "--json")
+    assert code == 0 and sum(json.loads(out)["trials"].values()) == 24  # reading needs no write
+    monkeypatch.undo()
+    assert every_file(store.root) == before
+
+
+@pytest.mark.skipif(getattr(__import__("os"), "geteuid", lambda: 0)() == 0,
+                    reason="root ignores permission bits; the EROFS variant above runs as root too")
+def test_a_store_without_write_permission_is_one_line(tmp_path, capsys):
+    import os
+    import stat
+
+    store = three_commits(tmp_path)
+    (tmp_path / "runs.csv").write_text(CSV)
+    before = every_file(store.root)
+    dirs = [p for p in [store.root, *store.root.rglob("*")] if p.is_dir()]
+    for d in dirs:
+        os.chmod(d, stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        _one_line_exit_2(capsys, ["import", "table", str(tmp_path / "runs.csv"), "--store", "{store}"], store.root,
+                         "Permission denied (EACCES)")
+        _one_line_exit_2(capsys, ["store", "compact", "--store", "{store}"], store.root, "Permission denied (EACCES)")
+    finally:
+        for d in dirs:
+            os.chmod(d, stat.S_IRWXU)
+    assert every_file(store.root) == before
+
+
+def test_a_disk_that_fills_while_publishing_is_one_line_and_the_store_is_unchanged(tmp_path, capsys, monkeypatch):
+    import errno
+
+    import pyarrow.parquet as pq
+
+    store = three_commits(tmp_path)
+    (tmp_path / "runs.csv").write_text(CSV)
+    before = every_file(store.root)
+    real = pq.write_table
+
+    def full(table, where, *args, **kwargs):
+        real(table, where, *args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pq, "write_table", full)
+    _one_line_exit_2(capsys, ["import", "table", str(tmp_path / "runs.csv"), "--store", "{store}"], store.root,
+                     f"in store {store.root}: No space left on device (ENOSPC)", "the store is unchanged")
+    assert every_file(store.root) == before
+
+
+def _csv_line(path, index, text):
+    lines = path.read_text().splitlines()
+    lines[index] = text
+    path.write_text("\n".join(lines) + "\n")
+
+
+#: The seven malformed release trees of issue 20 (each left a pending/<claim>.claim behind).
+MALFORMED_TREES = {
+    "bad JSON": lambda s: (s / "2" / "metadata.json").write_text("[1, "),
+    "missing metadata.json": lambda s: (s / "3" / "metadata.json").unlink(),
+    "bad CSV header": lambda s: _csv_line(s / "1" / "measurements.csv", 0, "stepp,val/classification_error"),
+    "unknown status": lambda s: (s / "4" / "metadata.json").write_text(json.dumps(
+        {"parameters": {}, "status": "DONE", "steps": 1, "trial_id": 4})),
+    "batch-size mismatch": lambda s: (s / "study.json").write_text(json.dumps(
+        dict(json.loads((s / "study.json").read_text()), batch_size=9))),
+    "non-UTF-8": lambda s: (s / "2" / "metadata.json").write_bytes(b'{"status": "\xff\xfe"}'),
+    "duplicate step": lambda s: _csv_line(s / "3" / "measurements.csv", 3,
+                                          (s / "3" / "measurements.csv").read_text().splitlines()[2]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED_TREES))
+def test_a_refused_release_import_leaves_no_claim_or_anything_else(tmp_path, capsys, case):
+    studies = make_release(tmp_path / "rel")
+    store = tmp_path / "store"
+    code, _, _ = run(capsys, "import", "batch-science", tmp_path / "rel" / "cifar_10", "--store", store)
+    assert code == 0
+    before = every_file(store)
+    MALFORMED_TREES[case](studies[("mnist/simple_cnn_base/sgd", 64)])
+    code, out, err = run(capsys, "import", "batch-science", tmp_path / "rel", "--store", store)
+    assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1, err
+    assert every_file(store) == before  # no pending/<uuid>.claim, no data file
+    assert not list((store / "pending").iterdir())  # and the successful import left none either
+
+
+def test_an_import_table_with_a_colliding_trial_id_leaves_no_claim_or_anything_else(tmp_path, capsys):
+    store = tmp_path / "store"
+    (tmp_path / "a.csv").write_text(CSV)
+    (tmp_path / "b.csv").write_text(CSV.replace("0.5", "0.25"))  # the same trial id, another file: another key
+    code, _, _ = run(capsys, "import", "table", tmp_path / "a.csv", "--store", store)
+    assert code == 0
+    before = every_file(store)
+    code, out, err = run(capsys, "import", "table", tmp_path / "b.csv", "--store", store)
+    assert code == 2 and "already published under another trial key" in err and err.count("\n") == 1
+    assert every_file(store) == before
+    assert not list((store / "pending").iterdir())

@@ -11,7 +11,12 @@ Modules (import what you need; this package imports nothing heavy on its own):
   :mod:`batchlab.store.schema`'s); ``connect_tables`` builds them from pandas/Arrow tables.
 * ``selection``: :class:`Selection` (workload, metric, goal, maximize, statuses, studies,
   mix_studies, max_trials, budgets) and the study rules (one study definition per batch size,
-  stop-at-goal compatibility, the paper's trial counts).
+  stop-at-goal compatibility, the paper's trial counts) and ``store_workloads`` (what ``--workload``
+  names).
+* ``units``: the units every command answers (one workload under one study group: a sweep, or the
+  studies with the same settings; ``find_units``, ``select_units``), each unit's goal (``unit_goal``)
+  and its :class:`Selection` (``unit_selection``), shared by ``analyze``, ``plot``, ``report`` and
+  ``predict``.
 * ``steps_to_result``: steps to result per batch size with Shallue et al.'s exact rules, in DuckDB,
   with each value's resolution bracket (``steps_lower``, ``censored_at``) and studies.
 * ``budgets``: the best measurement under a step or example budget.

@@ -130,6 +130,39 @@ def unknown_workload_error(workload: str, known) -> BatchlabError:
     return unknown_name_error("workload", workload, known)
 
 
+def store_workloads(con: duckdb.DuckDBPyConnection, workload: str, optimizers=None) -> list[str]:
+    """The store workloads (``dataset/model/optimizer``) that ``--workload`` and ``--optimizer`` name,
+    the one meaning of ``--workload`` in every command that reads a store:
+
+    * ``dataset/model/optimizer``: that workload (``optimizers``, if given, must include its optimizer);
+    * ``dataset/model`` with ``optimizers`` (names): ``dataset/model/<name>`` for each;
+    * ``dataset/model`` alone: every optimizer of it that the store holds.
+
+    Raises:
+        BatchlabError: a name the store does not hold; the message lists the workloads it holds
+            (and the closest one).
+    """
+    known = workload_names(con)
+    name = str(workload).strip().strip("/")
+    optimizers = list(dict.fromkeys(optimizers or ()))
+    if name in known:
+        optimizer = name.rsplit("/", 1)[1]
+        if optimizers and optimizer not in optimizers:
+            raise BatchlabError(f"--workload {name} names optimizer {optimizer!r}, --optimizer says "
+                                f"{', '.join(optimizers)}; give one of them")
+        return [name]
+    if optimizers:
+        wanted = [f"{name}/{o}" for o in optimizers]
+        for w in wanted:
+            if w not in known:
+                raise unknown_workload_error(w, known)
+        return wanted
+    found = [w for w in known if w.rsplit("/", 1)[0] == name]
+    if not found:
+        raise unknown_workload_error(name, known)
+    return found
+
+
 def metric_names(con: duckdb.DuckDBPyConnection, workload: str) -> list[str]:
     """Every metric measured for ``workload``, sorted (a scan of that workload's measurements); the
     bound flags ``<metric>:bound`` (:data:`BOUND_SUFFIX`) are not metrics and are left out."""

@@ -1,10 +1,13 @@
 """Command group ``analyze``: steps to result and critical batch size from a measurement store.
 
-``batchlab analyze steps-to-result --store DIR --workload DATASET/MODEL/OPTIMIZER --metric M --goal G
-[--maximize] [--max-trials N|all|auto] [--step-budget S] [--example-budget E] [--status STATUS ...]
-[--study ID ...] [--mix-studies] --json`` prints one JSON object per batch size, with the resolution
-bracket of each steps to result; ``batchlab analyze critical-batch-size`` with the same selection
-prints the S(B) fit, each named critical batch size with its interval, what the numbers rest on
+``batchlab analyze steps-to-result --store DIR --workload DATASET/MODEL[/OPTIMIZER] [--optimizer O]
+[--metric M --goal G] [--maximize|--minimize] [--max-trials N|all|auto] [--step-budget S]
+[--example-budget E] [--status STATUS ...] [--study ID ...] [--mix-studies] --json`` answers every
+unit (one workload under one study group, docs/methods.md, "Units"; the metric, goal and direction
+default to the unit's recorded stop rule, else the registered workload's goal) and prints one JSON
+object per batch size and unit, with the resolution bracket of each steps to result and the unit's
+label (``unit``, ``study_group``); ``batchlab analyze critical-batch-size`` with the same selection
+prints, per unit (``--json``: one object per unit), the S(B) fit, each named critical batch size with its interval, what the numbers rest on
 (measured batch-size range, points used, B0, warnings) and the regimes; with ``--steps-table FILE``
 it fits a plain table of steps instead (docs/methods.md).
 
@@ -20,11 +23,11 @@ from typing import Annotated, Optional
 import typer
 
 from batchlab.cli import options as opt
-from batchlab.cli.options import connect_store, make_selection
-from batchlab.cli.output import cell, emit_json, fmt, json_ready, line, print_table
+from batchlab.cli.options import connect_store
+from batchlab.cli.output import cell, emit_json, fmt, json_ready, line, note, print_table
 from batchlab.errors import BatchlabError
 
-CriticalJson = opt.json_option("Print JSON (one object; one per group with --steps-table).")
+CriticalJson = opt.json_option("Print JSON (one object per unit; one per group with --steps-table).")
 
 
 analyze_app = typer.Typer(
@@ -96,9 +99,10 @@ def _bracket(steps, steps_lower, censored_at) -> str:
 def steps_to_result_command(
     store: opt.Store,
     workload: opt.StoreWorkload,
-    metric: opt.Metric,
-    goal: opt.Goal,
-    maximize: opt.Maximize = False,
+    optimizer: opt.StoreOptimizer = None,
+    metric: opt.Metric = None,
+    goal: opt.Goal = None,
+    maximize: opt.Maximize = None,
     max_trials: opt.MaxTrials = "auto",
     step_budget: opt.StepBudget = None,
     example_budget: opt.ExampleBudget = None,
@@ -108,36 +112,80 @@ def steps_to_result_command(
     as_json: opt.Json = False,
 ) -> None:
     """Steps to result per batch size: the best trial's earliest evaluation step that beats the goal,
-    with its resolution bracket (steps_lower, steps], or censored_at where no trial reached it."""
+    with its resolution bracket (steps_lower, steps], or censored_at where no trial reached it; one
+    table per unit (workload and study group; docs/methods.md, "Units")."""
     from batchlab.analysis.metaparameters import search_edge_warnings
+    from batchlab.analysis.units import unit_label
+
+    def answer(con, selection):
+        results = steps_to_unit_result(con, selection)
+        return results, search_edge_warnings(con, results)
+
+    answers = answer_units(store, answer, workload, optimizer, metric, goal, maximize, max_trials, step_budget,
+                           example_budget, status, study, mix_studies, as_json)
+    several = len(answers) > 1
+    for unit, selection, (results, edges) in answers:
+        if as_json:
+            for result in results:
+                question = {"metric": selection.metric, "goal": float(selection.goal), "maximize": selection.maximize}
+                emit_json(result.to_dict() | unit_label(unit) | question
+                          | {"search_edge": _edges_at(edges, result.batch_size)})
+            continue
+        comparison = ">" if selection.maximize else "<"
+        columns = [(c, "right") for c in ("batch size", "steps", "bracket", "examples", "trial", "value",
+                                          "learning rate", "momentum", "effective lr", "reached/trials")]
+        rows = [
+            [str(r.batch_size), "not reached" if r.steps is None else str(r.steps), bracket_text(r),
+             "" if r.steps is None else str(r.steps * r.batch_size), "" if r.trial_id is None else str(r.trial_id),
+             value_text(r), fmt(r.learning_rate), fmt(r.momentum), fmt(r.effective_learning_rate),
+             f"{r.n_reached}/{r.n_trials}" + (f" ({r.n_raced} raced)" if r.n_raced else "")]
+            for r in results
+        ]
+        title = unit.name if several else selection.workload
+        print_table(f"{title}: steps to {selection.metric} {comparison} {selection.goal:g}", columns, rows,
+                    caption=trials_caption(selection, results))
+        for edge in edges:
+            line(f"warning: {edge['message']}")
+
+
+def steps_to_unit_result(con, selection) -> list:
+    """The per-batch-size results of one selection (:func:`batchlab.analysis.steps_to_result.steps_to_result_many`)."""
     from batchlab.analysis.steps_to_result import steps_to_result_many
 
-    selection = make_selection(workload, metric, goal, maximize, max_trials, step_budget, example_budget, status,
-                               study, mix_studies)
+    return steps_to_result_many(con, [selection])[0]
+
+
+def answer_units(store: Path, answer, workload: str, optimizer, metric, goal, maximize, max_trials, step_budget,
+                 example_budget, statuses, studies, mix_studies: bool, as_json: bool = False) -> list[tuple]:
+    """``answer(con, selection)`` for every unit the selection options name (docs/methods.md, "Units"),
+    as ``[(unit, selection, answer), ...]``: one result per unit, never pooled.
+
+    A unit whose answer raises a BatchlabError is left out and said so (``warning: UNIT: ...`` on
+    stderr; with ``as_json`` also one ``{"unit", "study_group", "error"}`` line); when every unit
+    fails, the first error is raised (with one unit: exactly that unit's error).
+    """
+    from batchlab.analysis.units import unit_label
+
     con = connect_store(store)
     try:
-        results = steps_to_result_many(con, [selection])[0]
-        edges = search_edge_warnings(con, results)
+        units = opt.store_units(con, workload, optimizer, studies, mix_studies)
+        selections = opt.unit_selections(con, units, metric, goal, maximize, max_trials, step_budget,
+                                         example_budget, statuses, mix_studies)
+        answers, failed = [], []
+        for unit, selection in zip(units, selections):
+            try:
+                answers.append((unit, selection, answer(con, selection)))
+            except BatchlabError as error:
+                failed.append((unit, error))
     finally:
         con.close()
-    if as_json:
-        for result in results:
-            emit_json(result.to_dict() | {"search_edge": _edges_at(edges, result.batch_size)})
-        return
-    comparison = ">" if maximize else "<"
-    columns = [(c, "right") for c in ("batch size", "steps", "bracket", "examples", "trial", "value", "learning rate",
-                                      "momentum", "effective lr", "reached/trials")]
-    rows = [
-        [str(r.batch_size), "not reached" if r.steps is None else str(r.steps), bracket_text(r),
-         "" if r.steps is None else str(r.steps * r.batch_size), "" if r.trial_id is None else str(r.trial_id),
-         value_text(r), fmt(r.learning_rate), fmt(r.momentum), fmt(r.effective_learning_rate),
-         f"{r.n_reached}/{r.n_trials}" + (f" ({r.n_raced} raced)" if r.n_raced else "")]
-        for r in results
-    ]
-    print_table(f"{workload}: steps to {metric} {comparison} {goal:g}", columns, rows,
-                caption=trials_caption(selection, results))
-    for edge in edges:
-        line(f"warning: {edge['message']}")
+    if not answers:
+        raise failed[0][1]
+    for unit, error in failed:
+        note(f"warning: {unit.name}: {error}")
+        if as_json:
+            emit_json(unit_label(unit) | {"error": str(error)})
+    return answers
 
 
 def _edges_at(edges: list[dict], batch_size: int) -> list[dict]:
@@ -149,9 +197,10 @@ def _edges_at(edges: list[dict], batch_size: int) -> list[dict]:
 def critical_batch_size_command(
     store: opt.StoreOrTable = None,
     workload: opt.StoreWorkloadOrTable = None,
-    metric: opt.MetricOrTable = None,
-    goal: opt.GoalOrTable = None,
-    maximize: opt.Maximize = False,
+    optimizer: opt.StoreOptimizer = None,
+    metric: opt.Metric = None,
+    goal: opt.Goal = None,
+    maximize: opt.Maximize = None,
     max_trials: opt.MaxTrials = "auto",
     step_budget: opt.StepBudget = None,
     example_budget: opt.ExampleBudget = None,
@@ -174,48 +223,49 @@ def critical_batch_size_command(
     as_json: CriticalJson = False,
 ) -> None:
     """Fit S(B) = S_min + E_min/B (censored, bracket-weighted); named critical batch sizes with intervals;
-    regimes read from the data; what each number rests on (docs/methods.md)."""
+    regimes read from the data; what each number rests on (docs/methods.md); one fit per unit
+    (workload and study group; docs/methods.md, "Units")."""
     from batchlab.analysis.regimes import check_tolerance
 
     check_tolerance(tolerance, "--tolerance")
     if steps_table is not None:
-        given = [name for name, value in (("--store", store), ("--workload", workload), ("--metric", metric),
-                                          ("--goal", goal), ("--study", study)) if value]
+        given = [name for name, value in (("--store", store), ("--workload", workload), ("--optimizer", optimizer),
+                                          ("--metric", metric), ("--goal", goal), ("--study", study)) if value]
         if given:
             raise BatchlabError(f"--steps-table fits the table alone; leave out {', '.join(given)}")
         _critical_batch_size_table(steps_table, group_by, tolerance, as_json, b0)
         return
     if group_by is not None:
         raise BatchlabError("--group-by needs --steps-table FILE")
-    missing = [name for name, value in (("--store", store), ("--workload", workload), ("--metric", metric),
-                                        ("--goal", goal)) if value is None]
+    missing = [name for name, value in (("--store", store), ("--workload", workload)) if value is None]
     if missing:
         raise BatchlabError(f"missing {', '.join(missing)} (or give --steps-table FILE)")
     from batchlab.analysis.bootstrap import critical_batch_size_with_intervals
     from batchlab.analysis.metaparameters import search_edge_warnings
-    from batchlab.analysis.steps_to_result import steps_to_result_many
+    from batchlab.analysis.units import unit_label
 
-    selection = make_selection(workload, metric, goal, maximize, max_trials, step_budget, example_budget, status,
-                               study, mix_studies)
-    con = connect_store(store)
-    try:
-        results = steps_to_result_many(con, [selection])[0]  # checks the selection and its studies first
+    def answer(con, selection):
+        results = steps_to_unit_result(con, selection)  # checks the selection and its studies first
         estimate = critical_batch_size_with_intervals(con, selection, n_boot=n_boot, level=level, seed=seed,
                                                       tolerance=tolerance, b0=b0)
         edges = search_edge_warnings(con, results)
-    finally:
-        con.close()
-    summary = {"selection": selection.describe() | trials_description(selection, results)} | estimate.to_dict()
-    summary["brackets"] = [
-        {"batch_size": r.batch_size, "steps": r.steps, "steps_lower": r.steps_lower, "censored_at": r.censored_at,
-         "n_trials": r.n_trials, "n_reached": r.n_reached, "n_raced": r.n_raced, "study_ids": r.study_ids,
-         "search_edge": _edges_at(edges, r.batch_size)}
-        for r in results
-    ]
-    if as_json:
-        emit_json(summary)
-        return
-    _print_critical_batch_size(json_ready(summary, keep_infinite=True), trials_caption(selection, results))
+        summary = {"selection": selection.describe() | trials_description(selection, results)} | estimate.to_dict()
+        summary["brackets"] = [
+            {"batch_size": r.batch_size, "steps": r.steps, "steps_lower": r.steps_lower, "censored_at": r.censored_at,
+             "n_trials": r.n_trials, "n_reached": r.n_reached, "n_raced": r.n_raced, "study_ids": r.study_ids,
+             "search_edge": _edges_at(edges, r.batch_size)}
+            for r in results
+        ]
+        return summary, trials_caption(selection, results)
+
+    answers = answer_units(store, answer, workload, optimizer, metric, goal, maximize, max_trials, step_budget,
+                           example_budget, status, study, mix_studies, as_json)
+    for unit, _, (summary, caption) in answers:
+        if as_json:
+            emit_json(unit_label(unit) | summary)
+            continue
+        line(f"unit {unit.name}: {unit.rule}")
+        _print_critical_batch_size(json_ready(summary, keep_infinite=True), caption)
 
 
 def _critical_batch_size_table(path: Path, group_by: str | None, tolerance: float, as_json: bool,

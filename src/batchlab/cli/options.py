@@ -6,7 +6,7 @@ below, so a flag has one spelling, one help text and one parse everywhere (the s
 ``--json``). A command-specific option is declared in its command with the same ``Annotated`` style.
 
 Parsing that turns option text into library values lives here too (:func:`parse_max_trials`,
-:func:`parse_studies`, :func:`parse_csv`, :func:`make_selection`); deciding what the values mean is
+:func:`parse_studies`, :func:`parse_csv`, :func:`store_units`, :func:`unit_selections`); deciding what the values mean is
 the library's (:class:`batchlab.analysis.selection.Selection`, :mod:`batchlab.sweep.config`,
 :func:`batchlab.train.device.check_device`).
 """
@@ -24,16 +24,26 @@ from batchlab.errors import BatchlabError
 
 Store = Annotated[Path, typer.Option("--store", help="Store directory.")]
 StoreOrTable = Annotated[Optional[Path], typer.Option("--store", help="Store directory (or give --steps-table).")]
-StoreWorkload = Annotated[str, typer.Option(
-    "--workload", help="Workload as DATASET/MODEL/OPTIMIZER (the store's name; the release's directory).")]
+WORKLOAD_OPTION_HELP = ("Workload: DATASET/MODEL with --optimizer (without it: every optimizer of it the store holds), "
+                        "or the store's DATASET/MODEL/OPTIMIZER.")
+StoreWorkload = Annotated[str, typer.Option("--workload", help=WORKLOAD_OPTION_HELP)]
 StoreWorkloadOrTable = Annotated[Optional[str], typer.Option(
-    "--workload", help="Workload as DATASET/MODEL/OPTIMIZER (or give --steps-table).")]
-Metric = Annotated[str, typer.Option("--metric", help="Metric name, e.g. val/classification_error.")]
-MetricOrTable = Annotated[Optional[str], typer.Option("--metric", help="Metric name, e.g. val/classification_error.")]
-Goal = Annotated[float, typer.Option("--goal", help="Goal the metric must strictly beat.")]
-GoalOrTable = Annotated[Optional[float], typer.Option("--goal", help="Goal the metric must strictly beat.")]
-Maximize = Annotated[bool, typer.Option(
-    "--maximize", help="Higher is better (a goal is reached when the metric exceeds it).")]
+    "--workload", help=WORKLOAD_OPTION_HELP + " Or give --steps-table.")]
+WorkloadFilter = Annotated[Optional[str], typer.Option(
+    "--workload", help="Only this workload: " + WORKLOAD_OPTION_HELP[len("Workload: "):])]
+StoreOptimizer = Annotated[Optional[str], typer.Option(
+    "--optimizer", help="Optimizer of a DATASET/MODEL --workload (comma-separate for several; default: every "
+                        "optimizer of it the store holds).")]
+Metric = Annotated[Optional[str], typer.Option(
+    "--metric", help="Metric name, e.g. val/classification_error (default: the studies' recorded stop rule, else "
+                     "the registered workload's goal).")]
+Goal = Annotated[Optional[float], typer.Option(
+    "--goal", help="Goal the metric must strictly beat (default: the studies' recorded stop rule, else the "
+                   "registered workload's goal).")]
+Maximize = Annotated[Optional[bool], typer.Option(
+    "--maximize/--minimize",
+    help="Higher (--maximize) or lower (--minimize) is better (default: the direction of the studies' stop rule "
+         "or the workload's goal on that metric, else lower).")]
 MaxTrials = Annotated[str, typer.Option(
     "--max-trials", metavar="N|all|auto",
     help="Use only the first N trials (trial-id order) per batch size; 'all': every trial; 'auto' (default): "
@@ -49,10 +59,12 @@ Statuses = Annotated[list[str], typer.Option(
          "their study's stop goal answer only that goal or looser ones).")]
 Studies = Annotated[Optional[list[str]], typer.Option(
     "--study", metavar="ID",
-    help="Use only trials of this study id or sweep id (repeat or comma-separate for several); default: all "
-         "studies, refusing a batch size whose trials come from more than one study definition.")]
+    help="Use only trials of this study id or sweep id (repeat or comma-separate for several), as one result; "
+         "default: one result per study group (a sweep, or studies with the same settings; docs/methods.md, "
+         "\"Units\"), refusing a batch size whose chosen trials come from more than one study definition.")]
 MixStudies = Annotated[bool, typer.Option(
-    "--mix-studies", help="Pool trials of different study definitions at one batch size (reported as mixed_studies).")]
+    "--mix-studies", help="Pool the trials of every study (or of the --study ones) of a workload as one result, "
+                          "different study definitions at one batch size included (reported as mixed_studies).")]
 Tolerance = Annotated[float, typer.Option(
     "--tolerance",
     help="Tolerance of the regimes read from the data, in (0, 1) (docs/methods.md, \"Regimes read from the data\").")]
@@ -163,22 +175,33 @@ def parse_csv(value: str | None, flag: str, cast: Any = str) -> list | None:
         raise BatchlabError(f"{flag} must be a comma-separated list of integers, got {value!r}") from None
 
 
-def make_selection(workload: str, metric: str, goal: float, maximize: bool = False, max_trials: Any = None,
-                   step_budget: int | None = None, example_budget: int | None = None,
-                   statuses: Any = None, studies: Any = None, mix_studies: bool = False):
-    """The :class:`~batchlab.analysis.selection.Selection` the selection options describe.
+def store_units(con, workload: str, optimizer: str | None = None, studies: Any = None, mix_studies: bool = False):
+    """The units (:class:`batchlab.analysis.units.Unit`) that ``--workload``, ``--optimizer``,
+    ``--study`` and ``--mix-studies`` select in the store behind ``con``: one result each
+    (:func:`batchlab.analysis.units.select_units`). BatchlabError (one line) for a workload the
+    store does not hold (naming those it holds), or one without trials."""
+    from batchlab.analysis.selection import store_workloads
+    from batchlab.analysis.units import select_units
 
-    ``max_trials``: an int, ``None``, or the text of ``--max-trials`` (``N``, ``all``, ``auto``);
-    ``statuses``: the ``--status`` values (``None``: the analysis' default); ``studies``: the
-    ``--study`` values (repeated or comma-separated), ``None`` for all; ``mix_studies``: ``--mix-studies``.
-    """
-    from batchlab.analysis.selection import Selection
+    names = store_workloads(con, workload, parse_csv(optimizer, "--optimizer"))
+    units = select_units(con, names, parse_studies(studies), mix_studies)
+    if not units:
+        raise BatchlabError(f"workload {', '.join(names)}: the store holds no trials of it")
+    return units
+
+
+def unit_selections(con, units, metric: str | None, goal: float | None, maximize: bool | None = None,
+                    max_trials: Any = None, step_budget: int | None = None, example_budget: int | None = None,
+                    statuses: Any = None, mix_studies: bool = False) -> list:
+    """One :class:`~batchlab.analysis.selection.Selection` per unit (same order), from the selection
+    options; an omitted ``--metric``, ``--goal`` or direction is the unit's own goal
+    (:func:`batchlab.analysis.units.unit_selection`)."""
+    from batchlab.analysis.units import unit_selection
 
     extra = {} if statuses is None else {"statuses": tuple(statuses)}
-    return Selection(workload=workload, metric=metric, goal=goal, maximize=maximize,
-                     max_trials=parse_max_trials(max_trials), step_budget=step_budget,
-                     example_budget=example_budget, studies=parse_studies(studies), mix_studies=mix_studies,
-                     **extra)
+    return [unit_selection(con, unit, metric, goal, maximize, max_trials=parse_max_trials(max_trials),
+                           step_budget=step_budget, example_budget=example_budget, mix_studies=mix_studies, **extra)
+            for unit in units]
 
 
 def connect_store(store: Path):

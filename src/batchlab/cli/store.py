@@ -1,4 +1,4 @@
-"""Command groups for the measurement store: ``store`` (info, compact), ``import`` and ``export``
+"""Command groups for the measurement store: ``store`` (info, compact, repair), ``import`` and ``export``
 (the batch_science release format)."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from batchlab.cli import options as opt
 from batchlab.cli.output import check_output_path, emit_json, line, note, print_table
 
 store_app = typer.Typer(help="Inspect and maintain a measurement store.", no_args_is_help=True)
@@ -62,17 +63,33 @@ def _print_studies(studies: list[dict]) -> None:
 @store_app.command("info")
 def info(
     store: Path = STORE_OPTION,
-    workload: str = typer.Option(None, "--workload", help="List only this workload's study definitions."),
+    workload: opt.WorkloadFilter = None,
+    optimizer: opt.StoreOptimizer = None,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Counts of workloads, studies, trials by status and measurements, and every study definition
     per workload and batch size (id, source, budget, train examples, stop rule, evaluation, device,
     trials by status). Trials run under different definitions at one workload and batch size are separate
-    studies (docs/methods.md, "Study definitions and ids")."""
+    studies (docs/methods.md, "Study definitions and ids"). ``--workload`` (as in ``analyze``) lists only
+    its study definitions; a workload the store does not hold is one line naming those it holds."""
+    from batchlab.analysis.selection import store_workloads
+    from batchlab.errors import BatchlabError
     from batchlab.store import Store
     from batchlab.store.maintenance import store_info
 
-    result = store_info(Store.open(store), workload=workload)
+    target = Store.open(store)
+    names = None
+    if workload is not None:
+        con = target.connect()
+        try:
+            names = store_workloads(con, workload, opt.parse_csv(optimizer, "--optimizer"))
+        finally:
+            con.close()
+    elif optimizer is not None:
+        raise BatchlabError("--optimizer needs --workload DATASET/MODEL")
+    result = store_info(target, workload=names[0] if names and len(names) == 1 else None)
+    if names is not None:
+        result["study_definitions"] = [s for s in result["study_definitions"] if s["workload"] in names]
     if as_json:
         emit_json(result)
         return
@@ -108,6 +125,30 @@ def compact(
         written = sum(report["written"].values())
         line(f"merged {merged} files into {written}; deleted {report['deleted_files']} "
               f"unreferenced files and {report['deleted_log_entries']} old log entries")
+
+
+@store_app.command("repair")
+def repair(
+    store: Path = STORE_OPTION,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only say what would be done; write nothing."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Check every commit and every data file (existence, size, sha256) and repair what is damaged: a
+    missing log entry is restored from its copy once its files verify; what cannot be verified is moved
+    to quarantine/ and recorded; nothing is ever deleted (docs/methods.md, "How the store keeps
+    measurements")."""
+    from batchlab.store import Store
+    from batchlab.store.integrity import repair as run_repair
+
+    root = Store.open(store).root
+    actions = run_repair(root, dry_run=dry_run)
+    if as_json:
+        emit_json({"store": str(root), "dry_run": dry_run, "actions": [a.as_dict() for a in actions]})
+        return
+    for action in actions:
+        line(action.describe(done=not dry_run))
+    if not actions:
+        line(f"store {root} is intact: every commit present, every data file matches its size and sha256")
 
 
 def _created(store: Path, created: bool) -> None:
