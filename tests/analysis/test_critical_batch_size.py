@@ -222,3 +222,15 @@ def test_two_points_pulled_off_by_a_censoring_bound_are_not_called_an_exact_fit(
     assert any("no residual degrees of freedom" in w for w in warnings)
     exact = StepsCurve(batch_sizes=(16, 64), steps=(1000, 260), steps_lower=(990, 257))
     assert any("passes through them exactly" in w for w in fit_steps_curve(exact).warnings)
+
+
+def test_batch_sizes_reached_at_their_first_evaluation_are_named_when_too_few_points_remain():
+    # A goal met at the first evaluation, (0, S], bounds S from above only: the fit cannot use it as a
+    # point, and its refusal says so instead of "got 0" batch sizes that reached the goal (the goal was
+    # reached at every batch size here).
+    curve = StepsCurve.from_points([(16, 1), (64, 1), (256, 3)], steps_lower=[0, 0, 2])
+    with pytest.raises(BatchlabError) as err:
+        fit_steps_curve(curve)
+    message = str(err.value)
+    assert "got 1 with a resolved bracket; 2 more reached it at their first evaluation" in message
+    assert "B=16 (0, 1], B=64 (0, 1]" in message and "\n" not in message

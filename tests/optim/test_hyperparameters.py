@@ -95,3 +95,12 @@ def test_values_beyond_float32_are_one_line_errors_not_torch_overflows():
     with pytest.raises(BatchlabError, match="weight_decay"):
         resolve_hyperparameters("sgd", {"weight_decay": 1e39})
     assert resolve_hyperparameters("sgd", {"learning_rate": FLOAT32_MAX})["learning_rate"] == FLOAT32_MAX
+
+
+def test_an_integer_beyond_the_float_range_is_a_one_line_error_not_an_overflow():
+    # float(10**400) raises OverflowError; the check used to let it escape as a traceback
+    from batchlab.optim.hyperparameters import resolve_hyperparameters
+
+    with pytest.raises(BatchlabError, match="hyperparameter learning_rate must be") as info:
+        resolve_hyperparameters("sgd", {"learning_rate": 10**400})
+    assert "\n" not in str(info.value)

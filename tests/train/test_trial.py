@@ -322,3 +322,41 @@ def test_bounded_goal_checks_are_stored_flagged_and_read_as_bounds(tmp_path):
     con.close()
     assert result.steps_to_goal is None and row.steps is None
     assert result.final_metric() == values[40]  # the last full evaluation, never a bound
+
+
+@pytest.mark.parametrize("refine", ["replay", "dense"])
+def test_a_goal_met_before_any_update_is_zero_steps_and_the_first_bracket_starts_after_step_0(refine, monkeypatch):
+    """The initial model is checked once the goal is first met in the first bracket (a replayed goal
+    check of the kept initial state): a goal it already meets is steps to result 0 (it used to read
+    ``(0, 1]``, excluding the true first passage), and a goal met later in that bracket has a recorded
+    miss at step 0 as its lower end."""
+    import dataclasses
+
+    from batchlab.workloads import registry
+
+    base = get_workload("mnist/fc_64_64_64")
+    # seed 0 at learning rate 0.5: the first update lowers the validation error from ~0.90 to ~0.82
+    common = dict(workload=base.name, optimizer="sgd", batch_size=32, hyperparameters={"learning_rate": 0.5},
+                  steps=40, train_examples=512, seed=0, refine=refine)
+    every = run_trial(TrialSpec(**common, evaluation_steps=list(range(0, 41)), stop_at_goal=False))
+    values = {m["step"]: m["val/classification_error"] for m in every.measurements}
+    at_init = values[0]
+    # goal met at step 0 already (and at the first evaluation, step 1, which then finds step 0)
+    monkeypatch.setitem(registry.WORKLOADS, base.name, dataclasses.replace(base, goal=max(at_init, values[1]) + 1e-6))
+    met = run_trial(TrialSpec(**common))
+    assert (met.status, met.steps, met.steps_to_goal, met.steps_lower) == ("STOPPED_AT_GOAL", 0, 0, 0)
+    assert [m["step"] for m in met.measurements] == [0]
+    # a goal first met after step 0 and at or before the first evaluation (step 1): (0, 1] with 0 measured
+    later = values[1]
+    assert later < at_init - 0.02  # the first update lowered the error: a goal between the two is met first at step 1
+    goal = (later + at_init) / 2
+    monkeypatch.setitem(registry.WORKLOADS, base.name, dataclasses.replace(base, goal=goal))
+    first = run_trial(TrialSpec(**common))
+    assert (first.steps_to_goal, first.steps_lower) == (1, 0)
+    zero = [m for m in first.measurements if m["step"] == 0]
+    assert len(zero) == 1 and not zero[0]["val/classification_error"] < goal
+    # a goal never met at the first evaluations measures nothing at step 0
+    monkeypatch.setitem(registry.WORKLOADS, base.name, dataclasses.replace(base, goal=min(values.values()) + 1e-6))
+    late = run_trial(TrialSpec(**common))
+    assert late.steps_to_goal is not None and late.steps_to_goal > 1
+    assert 0 not in [m["step"] for m in late.measurements]

@@ -251,6 +251,17 @@ def fit_many(batch_sizes, y: np.ndarray, w: np.ndarray, kind: np.ndarray):
             np.where(enough, best, nan))
 
 
+def _first_bracket_note(curve: StepsCurve, batch_sizes: np.ndarray) -> str:
+    """Why batch sizes that reached the goal at their first evaluation are not fitted points: their
+    bracket ``(0, S]`` bounds the steps from above only ("" when there are none)."""
+    if batch_sizes.size == 0:
+        return ""
+    steps = dict(zip(curve.batch_sizes, curve.steps))
+    shown = ", ".join(f"B={int(bs)} (0, {steps[int(bs)]}]" for bs in batch_sizes)
+    return (f" with a resolved bracket; {batch_sizes.size} more reached it at their first evaluation, which bounds "
+            f"the steps from above only ({shown}): evaluate earlier or choose a stricter goal")
+
+
 def fit_steps_curve(curve: StepsCurve, b0: float | None = None, sigma_floor: float = SIGMA_FLOOR) -> ScalingFit:
     """Fit ``S(B) = S_min + E_min / B`` to ``curve`` (censored, bracket-weighted; see the module docstring).
 
@@ -268,7 +279,8 @@ def fit_steps_curve(curve: StepsCurve, b0: float | None = None, sigma_floor: flo
     name = f" {curve.label!r}" if curve.label else ""
     n_points = int(np.sum(kind == POINT))
     if n_points < 2:
-        raise BatchlabError(f"curve{name}: need at least 2 batch sizes that reached the goal to fit S(B), got {n_points}")
+        raise BatchlabError(f"curve{name}: need at least 2 batch sizes that reached the goal to fit S(B), got {n_points}"
+                            f"{_first_bracket_note(curve, b[kind == UPPER])}")
     s_min, e_min, b_crit, objective = (float(v[0]) for v in fit_many(b, y[None], w[None], kind[None]))
     reached_b = b[kind == POINT]
     smallest, largest = float(reached_b.min()), float(reached_b.max())

@@ -69,13 +69,19 @@ def check_tolerance(tolerance: float, name: str) -> float:
 
 
 def _batch_sizes(text: str) -> list[float]:
+    """``--batch-sizes``: distinct finite numbers > 0, sorted; a repeated one is refused (as ``sweep``
+    refuses it), never silently dropped."""
     try:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise BatchlabError(f"--batch-sizes must be comma-separated numbers > 0, got {text!r}") from None
     if not values or any(not 0 < v < float("inf") for v in values):
         raise BatchlabError(f"batch sizes must be > 0 and finite, got {text!r}")
-    return sorted(set(values))
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        shown = ", ".join(f"{v:g}" for v in repeated)
+        raise BatchlabError(f"--batch-sizes must be distinct, got {shown} more than once in {text!r}")
+    return sorted(values)
 
 
 def _cells(row: dict, columns: list[str]) -> list:

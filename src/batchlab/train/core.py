@@ -36,7 +36,7 @@ from batchlab.train.evaluation import bracket, goal_reached
 
 __all__ = [
     "COMPLETE", "INFEASIBLE", "RACED", "STOPPED_AT_GOAL", "TrialProgress", "batch_source", "device_split", "evaluate_trials",
-    "finite", "replay_bracket", "train_loop",
+    "finite", "replay_bracket", "replay_steps", "train_loop",
 ]
 
 COMPLETE, STOPPED_AT_GOAL, INFEASIBLE, RACED = "COMPLETE", "STOPPED_AT_GOAL", "INFEASIBLE", "RACED"
@@ -174,6 +174,14 @@ def evaluate_trials(
         racer.after_evaluation(step, trials)
 
 
+def replay_steps(refine_steps: Sequence[int], begin: int, upto: int) -> list[int]:
+    """The resolution steps a replay from the snapshot at ``begin`` measures, towards the evaluation at
+    ``upto`` that first met the goal: those strictly between, and ``0`` itself when the snapshot is the
+    initial model and ``0`` is a resolution step (the trial did not measure the model before its first
+    update: a goal met there is steps to result 0, not ``(0, first evaluation]``)."""
+    return [s for s in refine_steps if begin < s < upto or s == begin == 0]
+
+
 def replay_bracket(
     trials: Mapping[Hashable, TrialProgress],
     steps: Sequence[int],
@@ -185,7 +193,7 @@ def replay_bracket(
 
     ``advance(step)`` runs update ``step`` (0-based) of the copy (of every trial in it, the same
     batches as the live run: the trial is deterministic); at each step of ``steps`` (sorted, all
-    after ``start``) ``measure(key, step)`` measures the goal split of each trial still searching.
+    after ``start``, or ``start`` itself when it is 0: :func:`replay_steps`) ``measure(key, step)`` measures the goal split of each trial still searching.
     A trial stops searching at its first step meeting the goal or a non-finite measurement; the
     replay ends when none searches. Returns ``{key: (rows, first step meeting the goal or None)}``.
     A measured row may be a goal check's flagged bound (:func:`batchlab.train.evaluation.measure_goal`),

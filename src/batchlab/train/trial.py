@@ -75,7 +75,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from batchlab.errors import BatchlabError, checked_int, unknown_name_error
-from batchlab.train.core import TrialProgress, batch_source, device_split, evaluate_trials, replay_bracket, train_loop
+from batchlab.train.core import (TrialProgress, batch_source, device_split, evaluate_trials, replay_bracket, replay_steps,
+                                 train_loop)
 from batchlab.train.device import fork_rng, get_rng_state, resolve_device, set_rng_state
 from batchlab.train.divergence import DivergenceMonitor
 from batchlab.train.evaluation import (
@@ -362,6 +363,11 @@ def prepare_trial(spec: TrialSpec) -> PreparedTrial:
             refine_steps, goal_steps = goal_steps, []
     else:
         schedule, goal_steps = evaluation_schedule((), steps, spec.evaluation_steps), []
+    if 0 not in schedule:
+        # The initial model is a resolution step too, replayed (a goal check of the kept initial state)
+        # only when the goal is first met in the first bracket: a goal met before any update is steps
+        # to result 0, not (0, first evaluation]. Nothing else about the schedule changes.
+        refine_steps = [0, *refine_steps]
     if spec.study_definition is not None and not isinstance(spec.study_definition, dict):
         raise BatchlabError(f"study_definition must be a dict (batchlab.store.studies.make_study_definition), got {type(spec.study_definition).__name__}")
 
@@ -554,15 +560,20 @@ def run_prepared(
 
     def take_snapshot(step: int) -> None:
         nonlocal snapshot
-        snapshot = (step, _copy_training_state(model, algorithm), get_rng_state(device))
+        # a copy only where a replay from ``step`` could measure a resolution step
+        if replay_steps(prepared.refine_steps, step, total + 1):
+            snapshot = (step, _copy_training_state(model, algorithm), get_rng_state(device))
+        else:
+            snapshot = (step, None, None)
 
     def replay_goal(reached: dict, upto: int) -> dict:
         """The snapshot's copy trained again towards ``upto`` (the same batches and RNG stream as the
         trial itself, so it follows the trial's own trajectory); the live RNG state is restored."""
-        begin, (twin, twin_algorithm), rng_state = snapshot
-        steps = [s for s in prepared.refine_steps if begin < s < upto]
+        begin = snapshot[0]
+        steps = replay_steps(prepared.refine_steps, begin, upto)
         if not steps:
             return {}
+        _, (twin, twin_algorithm), rng_state = snapshot
         splits = {prepared.goal_split: prepared.eval_splits[prepared.goal_split]}
 
         def advance(step: int) -> None:
