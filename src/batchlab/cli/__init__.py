@@ -14,8 +14,10 @@ other value, and every other kind of option, goes through typer's own conversion
 results and error messages are typer's.
 
 User errors (:class:`batchlab.errors.BatchlabError` and click usage errors) are printed as one line,
-``error: ...``, with exit status 2. Ctrl-C is one line, ``interrupted ...``, with exit status 130
-(``batchlab sweep`` says how many trials are saved). Shared options are declared once in
+``error: ...``, with exit status 2, and so is an OSError that reaches :func:`main` (a full disk, a
+read-only directory: strerror, errno name and file) and DuckDB failing to read a data file. Ctrl-C
+is one line, ``interrupted ...``, with exit status 130 (``batchlab sweep`` says how many trials are
+saved). Shared options are declared once in
 :mod:`batchlab.cli.options`; everything printed goes through :mod:`batchlab.cli.output`. (No ``from
 __future__ import annotations`` here or in :mod:`batchlab.cli.nqm`: typer reads the commands' annotations,
 and string annotations would be compiled at each start-up.)
@@ -225,8 +227,18 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
+def _print_version(value: bool) -> None:
+    """``batchlab --version``: print the version (as ``batchlab version`` does) and stop."""
+    if value:
+        version()
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    show_version: bool = typer.Option(False, "--version", help="Print the batchlab version and exit.",
+                                      callback=_print_version, is_eager=True),
+) -> None:
     """The science of batch size: exact NQM, measured steps-to-result, critical batch size."""
 
 
@@ -234,6 +246,13 @@ try:  # recent typer vendors click under typer._click; older ones use click itse
     from typer._click.exceptions import UsageError as _UsageError
 except ImportError:  # pragma: no cover
     from click.exceptions import UsageError as _UsageError
+
+
+def _is_data_read_error(exc: Exception) -> bool:
+    """Whether ``exc`` is DuckDB failing to read a file (I/O, or a file it cannot decode: a damaged
+    data file that passed the store's per-read checks), not an error in a query (binder, parser, ...)."""
+    return type(exc).__module__ in ("duckdb", "_duckdb") and type(exc).__name__ in (
+        "Error", "IOException", "InvalidInputException")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -259,6 +278,16 @@ def main(argv: list[str] | None = None) -> None:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         raise SystemExit(0) from None
+    except OSError as exc:  # a full disk, a read-only directory, an unreadable file, where no module said more
+        from batchlab.atomic import os_error_text
+
+        fail(os_error_text(exc).replace("\n", " "))
+    except Exception as exc:
+        if not _is_data_read_error(exc):
+            raise
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        fail(f"cannot read the store's data files: {first} (a damaged file? `batchlab store repair --store DIR "
+             "--dry-run` checks every file against the size and sha256 recorded when it was committed)")
     # Without standalone mode typer returns the status of typer.Exit, and turns Ctrl-C into status 130.
     if code == 130:
         print("interrupted", file=sys.stderr)
