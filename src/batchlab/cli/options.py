@@ -75,6 +75,13 @@ B0 = Annotated[Optional[float], typer.Option(
 FigureOut = Annotated[Path, typer.Option("--out", help="Figure file to write (.png, .pdf or .svg).")]
 Fit = Annotated[bool, typer.Option("--fit/--no-fit", help="Draw the fitted S(B) = S_min + E_min / B.")]
 
+#: ``--search-space FILE`` of ``study`` and ``sweep`` (read by :func:`batchlab.search.search_spaces_from_file`).
+SearchSpaceFile = Annotated[Optional[Path], typer.Option(
+    "--search-space", metavar="FILE",
+    help="The search space, in the batch_science parameter_configs form (JSON or TOML: one space, or spaces keyed "
+         "by optimizer name), instead of the workload's or the optimizer's default (docs/methods.md, "
+         "\"Search-space files\").")]
+
 Race = Annotated[bool, typer.Option(
     "--race/--no-race",
     help="Stop each trial as soon as it can no longer be among its study's two best (status RACED): the same "

@@ -17,7 +17,6 @@ from typing import Annotated, Optional
 import typer
 
 from batchlab.cli import options as opt
-from batchlab.cli.train import SearchSpaceFile
 
 #: The ``--help`` epilog: where the TOML format is documented and its keys (tests check the keys
 #: against ``SweepConfig``).
@@ -110,7 +109,7 @@ def register(app: typer.Typer) -> None:
         goal: Annotated[Optional[float], typer.Option(
             "--goal", help="Goal on the workload's metric (default: the workload's): trials stop at it and "
                            "resolve its bracket; the table and budget growth use it.")] = None,
-        search_space: SearchSpaceFile = None,
+        search_space: opt.SearchSpaceFile = None,
         json_lines: SweepJson = False,
     ) -> None:
         """Run every (workload, optimizer, batch size) study of a sweep; resume where a previous run stopped."""

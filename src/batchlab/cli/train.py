@@ -28,13 +28,6 @@ TrainJson = opt.json_option(
     "One JSON object per evaluation, then a summary object (status, steps_to_goal and steps_lower: the goal was "
     "first met in (steps_lower, steps_to_goal]).")
 
-#: ``--search-space FILE`` of ``study`` and ``sweep`` (read by :func:`batchlab.search.search_spaces_from_file`).
-SearchSpaceFile = Annotated[Optional[Path], typer.Option(
-    "--search-space", metavar="FILE",
-    help="The search space, in the batch_science parameter_configs form (JSON or TOML: one space, or spaces keyed "
-         "by optimizer name), instead of the workload's or the optimizer's default (docs/methods.md, "
-         "\"Search-space files\").")]
-
 
 def _number(text: str) -> int | float:
     """An int if ``text`` is an integer literal, else a float; ValueError for neither, or for an integer
@@ -257,7 +250,7 @@ def register(app: typer.Typer) -> None:
         refine: opt.Refine = "replay",
         device: opt.Device = "auto",
         race: opt.Race = False,
-        search_space: SearchSpaceFile = None,
+        search_space: opt.SearchSpaceFile = None,
         json_output: StudyJson = False,
     ) -> None:
         """Run one study (one workload at one batch size) and print its best trial."""
