@@ -54,3 +54,11 @@ def test_brackets_and_censoring_travel_with_their_points():
 def test_bracket_and_censoring_validation(kwargs, fragment):
     with pytest.raises(BatchlabError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
         StepsCurve(batch_sizes=(1, 2), steps=(10, None), **kwargs)
+
+
+def test_bracket_text_names_a_goal_met_before_any_update():
+    from batchlab.analysis.curve import bracket_text
+
+    assert bracket_text(0, 0, None) == "0 (met before any update)"  # it read "(0, 0]"
+    assert bracket_text(12, 11, None) == "(11, 12]" and bracket_text(12, None, None) == "12"
+    assert bracket_text(None, None, 400) == "> 400" and bracket_text(None, None, None, unreached="") == ""

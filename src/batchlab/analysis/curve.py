@@ -201,3 +201,18 @@ def curve_from_arrays(
     return StepsCurve.from_points(
         points, label=label, metadata=metadata, steps_lower=clean(steps_lower), censored_at=clean(censored_at)
     )
+
+
+def bracket_text(steps: int | None, steps_lower: int | None, censored_at: int | None,
+                 unreached: str = "not reached") -> str:
+    """How tables print one batch size's steps to result (docs/methods.md, "Resolution brackets"):
+    ``(steps_lower, steps]`` when reached, ``steps`` alone when exact (``steps_lower`` None), ``0 (met
+    before any update)`` when the goal was met at step 0, ``> censored_at`` when censored, else
+    ``unreached``."""
+    if steps is not None:
+        if steps == 0:
+            return "0 (met before any update)"
+        return str(steps) if steps_lower is None else f"({steps_lower}, {steps}]"
+    if censored_at is not None:
+        return f"> {censored_at}"
+    return unreached

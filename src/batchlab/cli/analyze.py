@@ -88,11 +88,9 @@ def bracket_text(result) -> str:
 
 
 def _bracket(steps, steps_lower, censored_at) -> str:
-    if steps is not None:
-        return f"({0 if steps_lower is None else steps_lower}, {steps}]"
-    if censored_at is not None:
-        return f"> {censored_at}"
-    return ""
+    from batchlab.analysis.curve import bracket_text as text
+
+    return text(steps, 0 if steps_lower is None else steps_lower, censored_at, unreached="")
 
 
 @analyze_app.command("steps-to-result")

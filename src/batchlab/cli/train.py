@@ -225,6 +225,7 @@ def register(app: typer.Typer) -> None:
             emit_json(summary)
         else:
             reached = "not reached" if result.steps_to_goal is None else (
+                "met before any update (step 0)" if result.steps_to_goal == 0 else
                 f"reached at step {result.steps_to_goal} (first met in ({result.steps_lower}, {result.steps_to_goal}])")
             params = ", ".join(f"{k}={_format(v)}" for k, v in result.parameters.items())
             line(f"{result.status}: {result.steps} steps in {result.wall_time_s:.1f} s; goal "

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from batchlab.analysis.curve import bracket_text
 from batchlab.errors import BatchlabError
 from batchlab.report.units import Unit, restricted, unit_examples, unit_goal
 from batchlab.report.verdict import resolution, scaling_verdict
@@ -296,7 +297,7 @@ def _steps_table(out: UnitResult, estimate) -> Table:
         counts = out.counts.get(r.batch_size, {})
         rows.append([
             r.batch_size,
-            f"({r.steps_lower}, {r.steps}]" if r.reached else (f"> {r.censored_at}" if r.censored_at is not None else "not reached"),
+            bracket_text(r.steps if r.reached else None, r.steps_lower, r.censored_at),
             "" if upper is None else f"<= {upper}",
             f"{r.n_reached}/{r.n_trials}" + (f" ({r.n_raced} raced)" if r.n_raced else ""),
             ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
