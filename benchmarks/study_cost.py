@@ -18,7 +18,10 @@ Modes (``--modes``, default all three):
   with a shared input and batched evaluation).
 
 The benchmark asserts that every mode gives the same answer at every batch size (steps to result,
-its bracket ``steps_lower``, the best trial's id and parameters, and the one-sided steps interval),
+its bracket ``steps_lower``, the best trial's id and parameters, and the one-sided steps interval)
+where the vectorized path is bit-identical to sequential trials on the machine it runs on (the
+sweep's self-check; it says per batch size which held, and lists the answers that differ where it
+did not: those studies are recorded as their own, docs/methods.md, "Devices and reproducibility"),
 then prints the CPU-time ratio ``full / fast`` (goal: at least 5x) and each part's share of the
 saving: racing (``full - race``) and vectorization with batched evaluation (``race - fast``).
 
@@ -73,7 +76,8 @@ def run_study(mode: str, batch_size: int, trials: int, train_examples: int | Non
         settings["steps"] = steps
     store = os.path.join(store_root, f"{mode}-{batch_size}")
     started = time.process_time()
-    summary = run_sweep(prepare_sweep(parse_sweep_config(settings), store), executor_factory=InlineExecutor)
+    plan = prepare_sweep(parse_sweep_config(settings), store)
+    summary = run_sweep(plan, executor_factory=InlineExecutor)
     cpu = time.process_time() - started
     name = f"{WORKLOAD}/sgd"
     row = summary.results[name][0]
@@ -84,6 +88,8 @@ def run_study(mode: str, batch_size: int, trials: int, train_examples: int | Non
         "answer": {"steps": row.steps, "steps_lower": row.steps_lower, "trial_id": row.trial_id,
                    "parameters": row.parameters, "censored_at": row.censored_at, "steps_interval": interval},
         "statuses": summary.statuses.get(name, {}).get(batch_size, {}),
+        # False where vectorize = "always" runs a path the self-check found not bit-identical here
+        "identical_to_sequential": not any(s.inexact_vectorized for s in plan.studies),
     }
 
 
@@ -134,11 +140,19 @@ def main() -> None:
     wall = time.perf_counter() - started
 
     reference = modes[0]
-    mismatches = []
+    mismatches, unclaimed = [], []
     for b in batch_sizes:
         for m in modes[1:]:
             if results[(m, b)]["answer"] != results[(reference, b)]["answer"]:
-                mismatches.append((b, m, results[(reference, b)]["answer"], results[(m, b)]["answer"]))
+                found = (b, m, results[(reference, b)]["answer"], results[(m, b)]["answer"])
+                claimed = results[(m, b)]["identical_to_sequential"] and results[(reference, b)]["identical_to_sequential"]
+                (mismatches if claimed else unclaimed).append(found)
+    inexact = sorted(b for (m, b), r in results.items() if not r["identical_to_sequential"])
+    print("\nvectorized path on this machine: " + (
+        f"NOT bit-identical to sequential trials at B = {', '.join(map(str, inexact))} (those studies are their own; "
+        "their answers need not match the full protocol's)" if inexact else "bit-identical at every batch size"))
+    for b, m, want, got in unclaimed:
+        print(f"differs (not bit-identical here) at B={b}: {reference} {want} vs {m} {got}")
     cpu = {m: sum(results[(m, b)]["cpu_s"] for b in batch_sizes) for m in modes}
     print(f"\n{WORKLOAD}, sgd, B in {batch_sizes}, {args.trials} trials per batch size"
           f"{' (--quick)' if args.quick else ''}; {wall:.0f} s wall on {args.workers} workers")
@@ -161,7 +175,8 @@ def main() -> None:
         for b, m, want, got in mismatches:
             print(f"MISMATCH at B={b}: {reference} {want} != {m} {got}")
         raise SystemExit(1)
-    print("identical answers at every batch size: " + ", ".join(map(str, batch_sizes)))
+    same = [b for b in batch_sizes if not any(u[0] == b for u in unclaimed)]
+    print("identical answers at batch sizes: " + ", ".join(map(str, same)))
 
 
 if __name__ == "__main__":

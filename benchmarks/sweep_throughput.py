@@ -9,11 +9,15 @@ in the same process.
    space, the workload's evaluation schedule, stop at the goal with the replay of its bracket), one
    after another with ``run_trial`` against one ``run_trials_vectorized`` call (the fused MLP path,
    vectorized evaluation), same specs, same process; wall and CPU time (CPU time: this process's,
-   which other processes on shared cores do not inflate), and a check that the results agree (on the
-   CPU the fused path is identical to the bit; otherwise statuses, steps and steps to goal must be
-   identical and measurements within rounding; mismatches are listed).
+   which other processes on shared cores do not inflate), and which held on this machine (named by
+   torch version, CPU capability, threads and numpy's SIMD level): whether the exactness self-check
+   (``vectorized_identical``) finds the vectorized path bit-identical, so ``vectorize = "auto"`` would
+   use it, and whether the whole trials are identical to the bit; when not, how far apart they are
+   (the first step where a measurement differs and the largest relative difference there, the trials
+   whose status, steps or bracket differ, and the differences beyond rounding).
    ``--only rule``: what the measured cost rule (``batchlab.sweep.vectorize_choice.vectorization_costs``)
-   estimates and chooses at batch sizes 1..1024, shared and own batch orders.
+   estimates, whether the self-check finds the path exact here, and what ``auto`` chooses (cheaper
+   and exact) at batch sizes 1..1024, shared and own batch orders.
 3. Per-trial overhead of the Dask executor (a loopback LocalCluster) against the local pool: the
    same one-step trials through both, one worker each; plus the bare dispatch cost of a no-op task.
 4. ``--only budget``: what the default budget rule (docs/methods.md, "Sweeps") gives each batch size
@@ -148,6 +152,44 @@ def _disagreements(sequential, vectorized) -> list[str]:
     return problems
 
 
+def _machine() -> str:
+    """What the numerics depend on here: torch version, CPU capability, threads, numpy's SIMD targets."""
+    import numpy
+    import torch
+    from numpy._core import _multiarray_umath as umath
+
+    simd = [f for f in umath.__cpu_dispatch__ if umath.__cpu_features__.get(f)] or ["baseline"]
+    return (f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+            f"{torch.get_num_threads()} thread(s), numpy {numpy.__version__} SIMD {'/'.join(simd)}")
+
+
+def _how_far_apart(sequential, vectorized) -> str:
+    """Where whole trials of the two paths first differ: the earliest evaluation step at which any
+    measurement is not bitwise equal, the largest relative difference at that step (metric, trial),
+    and how many trials end with another status, step count or bracket."""
+    import math
+
+    first, worst = None, (0.0, "", 0)
+    for s, v in zip(sequential, vectorized):
+        for a, b in zip(s.measurements, v.measurements):
+            if a == b:
+                continue
+            if first is None or a["step"] < first:
+                first, worst = a["step"], (0.0, "", 0)
+            if a["step"] == first:
+                for name, value in a.items():
+                    other = b.get(name, math.nan)
+                    if name != "step" and value != other:
+                        rel = abs(value - other) / max(abs(value), 1e-300)
+                        worst = max(worst, (rel, name, s.seed))
+            break
+    ends = sum((s.status, s.steps, s.steps_to_goal, s.steps_lower) != (v.status, v.steps, v.steps_to_goal, v.steps_lower)
+               for s, v in zip(sequential, vectorized))
+    where = (f"first at step {first} (largest relative difference there {worst[0]:.1e}, {worst[1]} of trial seed "
+             f"{worst[2]})" if first is not None else "in their measured steps")
+    return f"{where}; {ends}/{len(sequential)} trials end with another status, step count or bracket"
+
+
 def vectorized_ratio(workloads: list[str], optimizer: str, k: int, steps: dict[int, int]) -> None:
     """Whole trials (training, the workload's evaluation schedule, replay of the goal's bracket): K
     trials with one shared batch order one after another with ``run_trial`` against one
@@ -175,12 +217,19 @@ def vectorized_ratio(workloads: list[str], optimizer: str, k: int, steps: dict[i
             identical = all((s.status, s.steps, s.steps_to_goal, s.steps_lower, s.measurements)
                             == (v.status, v.steps, v.steps_to_goal, v.steps_lower, v.measurements)
                             for s, v in zip(sequential, vectorized))
+            check = "bit-identical (auto would vectorize where it pays)" if estimate.exact else \
+                "NOT bit-identical (auto runs these trials one at a time)"
+            print(f"  on this machine ({_machine()}): the self-check finds the vectorized path {check}")
             if identical:
-                print("  results identical: statuses, steps, steps to goal, brackets and every measurement, to the bit")
-            elif problems:
-                print(f"  results DIFFER in {len(problems)} place(s): " + "; ".join(problems[:5]))
+                print("  whole trials identical: statuses, steps, steps to goal, brackets and every measurement, to the bit")
             else:
-                print("  results agree: statuses, steps, steps to goal and brackets identical; measurements within rounding")
+                print(f"  whole trials NOT identical: they differ {_how_far_apart(sequential, vectorized)}")
+                if problems:
+                    print(f"  beyond rounding in {len(problems)} place(s): " + "; ".join(problems[:5]))
+            if identical and not estimate.exact:
+                print("  (the self-check was stricter than these trials needed: auto loses speed here, never a result)")
+            elif estimate.exact and not identical:
+                print("  WARNING: the self-check passed but the trials differ: its evidence missed a kernel here")
 
 
 def cost_rule(workload: str, optimizer: str, k: int, steps: int) -> None:
@@ -190,13 +239,17 @@ def cost_rule(workload: str, optimizer: str, k: int, steps: int) -> None:
 
     from batchlab.sweep.vectorize_choice import vectorization_costs
 
+    def choice(cost) -> str:
+        exact = "exact" if cost.exact else "not exact here"
+        return f"{cost.ratio:.2f}x, {exact}: {'vectorized' if cost.ratio > 1 and cost.exact else 'sequential'}"
+
+    print(f"rule: on this machine ({_machine()}); auto vectorizes where cheaper and exact")
     for batch_size in (1, 16, 64, 256, 1024):
         specs = _shared_specs(workload, optimizer, batch_size, k, steps)
         shared = vectorization_costs(specs)
         own = vectorization_costs([replace(s, data_order_seed=None) for s in specs])
         print(f"rule: {workload} B={batch_size:>4} K={k}: estimated per-trial speed-up, shared order "
-              f"{shared.ratio:.2f}x ({'vectorized' if shared.ratio > 1 else 'sequential'}), own orders "
-              f"{own.ratio:.2f}x ({'vectorized' if own.ratio > 1 else 'sequential'})", flush=True)
+              f"{choice(shared)}; own orders {choice(own)}", flush=True)
 
 
 def dask_overhead(n_trials: int) -> None:

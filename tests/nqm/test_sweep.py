@@ -16,8 +16,15 @@ def test_pwc_rows_are_the_numbers_the_cli_gave_before_the_move():
     rows = sweep_rows(zhang2019_binned(), Algorithm("sgd"), [16, 256], 0.01, schedule="pwc:3")
     assert [(r["batch_size"], r["steps"], r["official_low"], r["piece_length"], r["constant_steps"]) for r in rows] == [
         (16, 77091, 77090, 25697, 379888), (256, 11388, 11387, 3796, 25881)]
-    assert rows[1]["learning_rates"] == [1.9996000799840032, 1.9996000799840032, 0.3158332843716609]
-    assert rows[0]["final_loss"] == 0.00999991458268755 and rows[0]["learning_rate"] == rows[0]["learning_rates"][0]
+    # The optimised learning rates and loss within 1e-9 (relative), not bitwise: numpy dispatches the
+    # sums and exp/log kernels of the schedule's loss to the CPU's SIMD extensions (AVX-512 on one
+    # machine, AVX2 on another; NPY_DISABLE_CPU_FEATURES reproduces both), which round differently and
+    # move L-BFGS-B's local optimum in the 13th digit (seen: 3e-14 in a rate, 2e-13 in the loss). The
+    # integers above, read from that optimum, are the same under every SIMD level we ran.
+    assert rows[1]["learning_rates"] == pytest.approx([1.9996000799840032, 1.9996000799840032, 0.3158332843716609],
+                                                      rel=1e-9)
+    assert rows[0]["final_loss"] == pytest.approx(0.00999991458268755, rel=1e-9)
+    assert rows[0]["learning_rate"] == rows[0]["learning_rates"][0]  # the same number, reported twice
 
 
 def test_figures_pwc_is_the_same_tuning():

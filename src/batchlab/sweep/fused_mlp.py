@@ -6,8 +6,8 @@ and no hooks (the built-in ``fc_*`` workloads); :func:`mlp_workload` asks it of 
 The forward of the K stacked models (``mlp_forward``): with a shared input the first layer is one
 ``(B, d) x (d, K*h)`` product; the other layers are batched products whose backward uses
 ``torch.nn.Linear``'s own products (``_BatchedLinear``), so each trial runs the operations it runs
-alone. Whether they also round the same is measured, not assumed
-(:func:`batchlab.sweep.vectorize_choice.vectorization_costs`); the whole contract is in
+alone. Whether they also round the same is measured on each machine, not assumed
+(:func:`batchlab.sweep.vectorize_choice.vectorized_identical`); the whole contract is in
 :mod:`batchlab.sweep.vectorized`.
 """
 

@@ -18,6 +18,10 @@ from batchlab.sweep.keys import FIRST_TRIAL_ID, sweep_id, trial_key, trial_seed
 #: Hyperparameters counted in steps that a grown budget stretches by the same factor as the budget.
 STRETCHED_PARAMETERS = ("learning_rate_decay_steps", "warmup_steps")
 
+#: What the study definition of vectorized trials not bit-identical to sequential ones on the machine
+#: that planned them adds (only then, so every other study id stays as it was).
+INEXACT_VECTORIZED = {"vectorized": {"bit_identical_to_sequential": False}}
+
 
 @dataclass(frozen=True)
 class TrialPlan:
@@ -48,7 +52,11 @@ class StudyPlan:
     the type it resolved to in the driver (``cpu``, ``cuda``, ``mps``), which the study definition
     records when it is not ``cpu``. ``race``: its trials are raced (:mod:`batchlab.train.race`; the
     definition gets ``race``); ``data_order_seed``: the seed of the batch order its trials share
-    (``None``: each trial its own; the definition gets ``batch_order``).
+    (``None``: each trial its own; the definition gets ``batch_order``). ``inexact_vectorized``: its
+    trials run vectorized although the self-check found the vectorized path not bit-identical to
+    sequential trials on the driver's machine (``vectorize = "always"``,
+    :func:`batchlab.sweep.runner.prepare_sweep`; the definition gets :data:`INEXACT_VECTORIZED`, so
+    they are never one study with sequential trials).
     """
 
     workload: str
@@ -77,6 +85,7 @@ class StudyPlan:
     device_type: str = "cpu"
     race: bool = False
     data_order_seed: int | None = None
+    inexact_vectorized: bool = False
 
     @property
     def store_workload(self) -> str:
@@ -113,7 +122,8 @@ class StudyPlan:
         from batchlab.train.race import race_definition
         from batchlab.train.trial import batch_order
 
-        extra = {**({"race": race_definition()} if self.race else {}), **batch_order(self.data_order_seed)}
+        extra = {**({"race": race_definition()} if self.race else {}), **batch_order(self.data_order_seed),
+                 **(INEXACT_VECTORIZED if self.inexact_vectorized else {})}
         return make_study_definition(
             workload=self.store_workload, batch_size=self.batch_size, train_steps=self.steps,
             train_examples=self.train_examples, search_space=self.stretched_search_space, evaluation=evaluation,
@@ -244,13 +254,16 @@ def _evaluation(workload, config: SweepConfig) -> dict[str, Any]:
 def plan_studies(config: SweepConfig, device_type: str = "cpu") -> list[StudyPlan]:
     """Every study of ``config`` (workloads x optimizers x batch sizes), with sampled search-space points.
 
-    The points of a study are ``space.sample(trials, seed=config.seed)``; they do not depend on the
-    batch size (except the decay range of a ``schedule = "linear"`` default space, which follows each
-    study's budget), so every study of one (workload, optimizer) searches the same unit points.
+    The space of a study is the first of the config's ``search_spaces`` (``--search-space`` included),
+    the workload's declared ``search_spaces`` and the optimizer's default
+    (:func:`batchlab.search.study_search_space`). The points of a study are ``space.sample(trials,
+    seed=config.seed)``; they do not depend on the batch size (except the decay range of a ``schedule =
+    "linear"`` default space, which follows each study's budget), so every study of one (workload,
+    optimizer) searches the same unit points.
     ``device_type``: the type ``config.device`` resolves to here (recorded in the study definitions
     when it is not ``cpu``).
     """
-    from batchlab.search import SearchSpace, default_search_space
+    from batchlab.search import study_search_space
     from batchlab.workloads import get_workload, workload_key
 
     sweep = sweep_id(sweep_settings(config))
@@ -263,10 +276,8 @@ def plan_studies(config: SweepConfig, device_type: str = "cpu") -> list[StudyPla
         for optimizer in config.optimizers:
             for batch_size in config.batch_sizes:
                 steps = steps_from_rule(rule, batch_size)
-                if optimizer in config.search_spaces:
-                    space = SearchSpace.from_batch_science(config.search_spaces[optimizer])
-                else:
-                    space = default_search_space(optimizer, train_steps=steps, schedule=config.schedule)
+                space = study_search_space(optimizer, config.search_spaces.get(optimizer), workload,
+                                           train_steps=steps, schedule=config.schedule)
                 studies.append(
                     StudyPlan(
                         workload=key, workload_name=workload.name, optimizer=optimizer, batch_size=batch_size, steps=steps,

@@ -19,7 +19,9 @@ that another driver ran and published meanwhile, :mod:`batchlab.sweep.claims`), 
 ``censored_at``, ``budget``, ``budget_round``, ``study_id`` and ``sweep``), ``critical_batch_size``
 (one per workload: :func:`batchlab.analysis.critical_batch_size.summarize_curve`) and ``done`` (with
 ``trials_run``, ``trials_skipped`` and ``trials_by_others``). docs/methods.md, "Sweeps", defines each
-quantity. Both say on stderr when the sweep created its store.
+quantity. Both say on stderr when the sweep created its store, and print the plan's warnings there
+(``warning: ...``, one line each: :attr:`batchlab.sweep.runner.SweepPlan.warnings`; the ``plan`` event
+also lists them, as ``warnings``, when there are any).
 """
 
 from __future__ import annotations
@@ -32,11 +34,19 @@ from batchlab.sweep.runner import Reporter, StudyProgress, SweepPlan, SweepSumma
 from batchlab.sweep.worker import TrialOutcome
 
 
-def _created_note(info: dict) -> None:
-    if info.get("created_store"):
-        from batchlab.cli.output import note
+def _start_notes(plan: SweepPlan, info: dict) -> None:
+    """On stderr: that the sweep created its store, and each of the plan's warnings (one line each)."""
+    from batchlab.cli.output import note
 
+    if info.get("created_store"):
         note(f"created a new store at {info.get('store')}")
+    for warning in _warnings(plan):
+        note(f"warning: {warning}")
+
+
+def _warnings(plan: SweepPlan) -> list[str]:
+    """The plan's one-line warnings (none for a plan-like object without them)."""
+    return list(getattr(plan, "warnings", ()))
 
 
 class JsonReporter(Reporter):
@@ -51,7 +61,7 @@ class JsonReporter(Reporter):
         emit_json(obj, self.stream)
 
     def start(self, plan: SweepPlan, progress: list[StudyProgress], info: dict) -> None:
-        _created_note(info)
+        _start_notes(plan, info)
         self._line({
             "event": "plan", "studies": len(progress), "trials": sum(p.total for p in progress), **info,
             "sweep": plan.sweep_id, "batch_sizes": plan.config.batch_sizes, "workloads": plan.config.workloads,
@@ -59,6 +69,7 @@ class JsonReporter(Reporter):
             "budgets": [{"workload": p.study.store_workload, "batch_size": p.study.batch_size,
                          "steps": p.study.steps, "study_id": p.study.digest} for p in progress],
             "budget_rule": {p.study.workload: p.study.budget_rule for p in progress},
+            **({"warnings": _warnings(plan)} if _warnings(plan) else {}),
         })
 
     def trial(self, progress: StudyProgress, outcome: TrialOutcome, totals: dict) -> None:
@@ -161,7 +172,7 @@ class RichReporter(Reporter):
 
     # --- events -----------------------------------------------------------------------------------
     def start(self, plan: SweepPlan, progress: list[StudyProgress], info: dict) -> None:
-        _created_note(info)
+        _start_notes(plan, info)
         total = sum(p.total for p in progress)
         self._started = self._last_line = time.monotonic()
         self.every_trials = max(1, math.ceil(self.every_trials_fraction * total))
@@ -391,13 +402,11 @@ def _interval_text(entry: dict, fit: dict) -> str:
 
 
 def bracket_text(fields: dict[str, Any]) -> str:
-    """``(lower, upper]`` when reached, ``> N`` (censored) or ``not reached`` otherwise."""
-    if fields.get("steps") is not None:
-        lower = fields.get("steps_lower")
-        return str(fields["steps"]) if lower is None else f"({lower}, {fields['steps']}]"
-    if fields.get("censored_at") is not None:
-        return f"> {fields['censored_at']}"
-    return "not reached"
+    """``(lower, upper]`` when reached, ``> N`` (censored) or ``not reached`` otherwise
+    (:func:`batchlab.analysis.curve.bracket_text`)."""
+    from batchlab.analysis.curve import bracket_text as text
+
+    return text(fields.get("steps"), fields.get("steps_lower"), fields.get("censored_at"))
 
 
 def _fmt(value: Any, none: str = "inf") -> str:

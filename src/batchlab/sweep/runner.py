@@ -35,12 +35,19 @@ imported by pool or Dask workers, and :func:`run_sweep` refuses it (one line) un
 The vectorization rule: a study runs its trials K at a time (``vectorize_trials``) as one batched
 computation when its optimizer is vectorizable (sgd, momentum, nesterov, adam), no trial uses
 ``ema_decay`` or a differing ``label_smoothing``, and ``vectorize`` is ``"always"``, or ``"auto"``
-and the worker measures that it pays (:func:`batchlab.sweep.vectorize_choice.vectorization_pays`: a few
-steps and one evaluation batch of both paths timed on copies, cached per kind of task; on the CPU
-only where a self-check finds the vectorized trials bit-identical to sequential ones, so the choice
-does not change a result; under ``auto`` on the CPU only fully connected models, the only ones that
-can pass the check, go to workers as vectorized tasks). K shrinks so that every worker gets a task
-(except for raced studies). A raced study's trials run one chunk after another (one trial, or one
+and the worker measures that it is exact and pays
+(:func:`batchlab.sweep.vectorize_choice.vectorization_pays`: a self-check finds the vectorized trials
+bit-identical to sequential ones on this machine, and a few steps and one evaluation batch of both
+paths timed on copies find it cheaper; cached per kind of task), so ``auto`` never changes a result:
+where the check finds a difference the trials run one at a time. Under ``auto`` on the CPU only
+fully connected models, the only ones that can pass the check, go to workers as vectorized tasks.
+``"always"`` forces the vectorized path; :func:`prepare_sweep` runs the same self-check in the
+driver (one torch thread, as the workers run) on each such study's first ``vectorize_trials``
+trials, and where it finds a difference the study's definition records it
+(:data:`batchlab.sweep.plan.INEXACT_VECTORIZED`: its own study id, never pooled with sequential
+trials) and :attr:`SweepPlan.warnings` says so in one line, which the reporters print on stderr
+(:func:`mark_inexact_vectorization`). K shrinks so that every worker gets a task (except for raced
+studies). A raced study's trials run one chunk after another (one trial, or one
 vectorized group of ``vectorize_trials``), each chunk submitted once the one before is published and
 racing the study's published trials, so an interrupted sweep keeps every trial it finished.
 """
@@ -58,7 +65,7 @@ from batchlab.errors import BatchlabError
 from batchlab.sweep.budget import ran_out_of_steps
 from batchlab.sweep.config import SweepConfig
 from batchlab.sweep.plan import StudyPlan, TrialTask, make_tasks, plan_studies
-from batchlab.sweep.worker import TrialOutcome, measurement_triples, run_task
+from batchlab.sweep.worker import TrialOutcome, measurement_triples, run_task, trial_spec
 
 
 
@@ -84,7 +91,9 @@ class SweepPlan:
 
     ``first_ids``: ``{(store workload, batch size, budget round): id of point 0}`` for every round the
     growth rule may add (:func:`batchlab.sweep.keys.allocate_ids`); ``sweep_id``: the sweep's id
-    (:func:`batchlab.sweep.keys.sweep_id`); ``device_type``: the type the sweep's device resolved to.
+    (:func:`batchlab.sweep.keys.sweep_id`); ``device_type``: the type the sweep's device resolved to;
+    ``warnings``: one-line warnings about the plan (forced vectorization that is not bit-identical
+    here: :func:`mark_inexact_vectorization`), which the reporters print on stderr.
     """
 
     config: SweepConfig
@@ -94,6 +103,7 @@ class SweepPlan:
     first_ids: dict[tuple[str, int, int], int] = field(default_factory=dict)
     sweep_id: str = ""
     device_type: str = "cpu"
+    warnings: list[str] = field(default_factory=list)
 
     def grown(self, study: StudyPlan) -> StudyPlan:
         """The next budget round of ``study``, in its id block."""
@@ -236,11 +246,53 @@ def prepare_sweep(config: SweepConfig, store_path: str | None = None) -> SweepPl
                 resolve_hyperparameters(study.optimizer, point)
             except BatchlabError as exc:
                 raise BatchlabError(f"search space of {study.optimizer}: {exc}") from None
+    studies, warnings = mark_inexact_vectorization(config, studies)  # before the ids: it changes study ids
     every = _studies_with_growths(config, studies)
     first_ids = _allocate_ids(path, every)
     studies = [replace(s, first_trial_id=first_ids[(s.store_workload, s.batch_size, 0)]) for s in studies]
     return SweepPlan(config=config, store_path=str(path), studies=studies, num_parameters=num_parameters,
-                     first_ids=first_ids, sweep_id=studies[0].sweep if studies else "", device_type=device_type)
+                     first_ids=first_ids, sweep_id=studies[0].sweep if studies else "", device_type=device_type,
+                     warnings=warnings)
+
+
+def mark_inexact_vectorization(config: SweepConfig, studies: list[StudyPlan]) -> tuple[list[StudyPlan], list[str]]:
+    """``studies``, those whose trials ``vectorize = "always"`` forces vectorized although they are not
+    bit-identical to sequential trials on this machine marked ``inexact_vectorized`` (their definitions
+    record it, :data:`batchlab.sweep.plan.INEXACT_VECTORIZED`), and the warnings saying so (one line
+    naming them; none when every study is identical, or ``vectorize`` is not ``"always"``).
+
+    Per study that goes to workers vectorized (:func:`should_vectorize`): the exactness self-check
+    (:func:`batchlab.sweep.vectorize_choice.vectorized_identical`) on its first ``vectorize_trials``
+    trials (every stack size the run can reach as trials stop, up to a bound), with one torch thread
+    as in the workers; a few seconds per study (its trials are built and trained a few steps). Trials
+    that cannot run vectorized (the worker runs them one at a time) are not marked. On the driver's
+    machine: a Dask worker on another machine may differ, which the definition cannot record.
+    """
+    if config.vectorize != "always":
+        return studies, []
+    from batchlab.sweep.vectorize_choice import vectorized_identical
+    from batchlab.sweep.vectorized import NotVectorizable
+
+    marked, inexact = [], {}
+    for study in studies:
+        if should_vectorize(config, study, 0):
+            k = min(config.vectorize_trials, study.trials)
+            task = TrialTask(study, tuple(study.trial_plans()[:k]), True, k)
+            try:
+                identical = vectorized_identical([trial_spec(task, i) for i in range(k)], threads=1)
+            except NotVectorizable:  # the worker runs these trials one at a time
+                identical = True
+            if not identical:
+                study = replace(study, inexact_vectorized=True)
+                inexact.setdefault(study.store_workload, []).append(str(study.batch_size))
+        marked.append(study)
+    if not inexact:
+        return marked, []
+    where = "; ".join(f"{workload} at batch sizes {', '.join(sizes)}" for workload, sizes in inexact.items())
+    warning = (f'vectorize = "always": on this machine vectorized trials are not bit-identical to sequential '
+               f'ones ({where}); they run vectorized, as their own studies (the study definition records '
+               f'"vectorized": {{"bit_identical_to_sequential": false}}), never pooled with sequential trials')
+    return marked, [warning]
 
 
 def check_workers_can_import(config: SweepConfig) -> None:

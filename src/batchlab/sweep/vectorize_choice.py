@@ -1,19 +1,22 @@
-"""The automatic choice of vectorized trials: measured cost, and on the CPU measured exactness.
+"""The automatic choice of vectorized trials: measured exactness, and measured cost.
 
-:func:`vectorization_pays` answers whether one task's K trials run cheaper as one stacked computation
-(:class:`batchlab.sweep.vectorized.StackedTrials`) than one at a time, by timing a few steps and one
-evaluation batch of both paths on copies (:func:`vectorization_costs`, :class:`VectorizationCost`,
-CPU seconds of this process on a CPU), never by a fixed threshold. On the CPU the vectorized path is
-chosen only when it is also exact: a self-check trains a few steps at every stack size the run can
-reach and compares every result to the sequential one, to the bit, so the choice never changes a
-result. Answers are cached per kind of task in this process.
+:func:`vectorized_identical` answers whether one task's K trials, run as one stacked computation
+(:class:`batchlab.sweep.vectorized.StackedTrials`), compute on this machine exactly what each computes
+alone, to the bit: a self-check trains a few steps at every stack size the run can reach and compares
+every result to the sequential one. A measurement, not a promise: batched and unbatched matrix
+products are not bitwise equal on every CPU (instruction set, BLAS kernel, thread count) or GPU.
+:func:`vectorization_pays` answers whether vectorizing them is exact here AND cheaper per trial
+(timing a few steps and one evaluation batch of both paths on copies: :func:`vectorization_costs`,
+:class:`VectorizationCost`, CPU seconds of this process on a CPU), never by a fixed threshold, so that
+``vectorize = "auto"`` never changes a result. Answers are cached per kind of task in this process.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -215,19 +218,20 @@ def vectorization_costs(specs: list[TrialSpec], check_exact: bool | str = True) 
     On copies (the specs' own prepared trials, built and trained here and thrown away; in a forked
     RNG state, so nothing of any trial's run changes):
 
-    * **exactness** (:func:`_exactness`; ``check_exact``: ``True``, always; ``False``, never, and
-      ``exact`` is ``False``; ``"if cheaper"``, only when the vectorized path is measured cheaper,
-      what :func:`vectorization_pays` asks on the CPU, as the check costs about ``K / 2`` times the
-      stacked steps it runs): a few training steps of every trial alone and of the trials stacked
+    * **exactness** (:func:`vectorized_identical`, on fresh copies; ``check_exact``: ``True``, always;
+      ``False``, never, and ``exact`` is ``False``; ``"if cheaper"``, only when the vectorized path is
+      measured cheaper, what :func:`vectorization_pays` asks, as the check costs about ``K / 2`` times
+      the stacked steps it runs): a few training steps of every trial alone and of the trials stacked
       (for every number of stacked trials the run can reach as trials stop, up to a bound:
       :func:`_stack_sizes`), comparing their losses, raw gradients and parameters, and the raw
       outputs and metrics of every evaluation batch shape a full evaluation uses (each split's first
       and last batch, on its own data), with ``torch.equal`` (NaN equal to NaN): ``exact`` is all of
       them equal. A measurement, not an assumption: torch picks its CPU kernels by the products'
-      sizes, and for small ones (``N x in x out`` below about 400 on torch 2.13) the batched products
-      round differently from ``torch.nn.Linear``'s. As kernels are chosen by shape, a difference
-      shows on these shapes; equality on a few steps and batches is strong evidence, not a proof
-      (the check's limit);
+      sizes, the CPU's instruction set and the thread count, and for small products (``N x in x
+      out`` below about 400 on torch 2.13), on some CPUs, or with several threads, the batched
+      products round differently from ``torch.nn.Linear``'s. As kernels are chosen by shape, a
+      difference shows on these shapes; equality on a few steps and batches is strong evidence, not
+      a proof (the check's limit);
     * **cost**: a few training steps of one trial with its torch optimizer (what
       :func:`batchlab.train.run_trial` runs) against the same steps of all K stacked
       (:class:`StackedTrials`, the path :func:`run_trials_vectorized` takes: fused or ``vmap``, shared
@@ -269,10 +273,50 @@ def vectorization_costs(specs: list[TrialSpec], check_exact: bool | str = True) 
             steps = first.steps
             cost = VectorizationCost(sequential=steps * sequential_step + batches * sequential_eval,
                                      vectorized=(steps * vectorized_step + batches * vectorized_eval) / k)
-            if check_exact is True or (check_exact == "if cheaper" and cost.vectorized < cost.sequential):
-                fresh = [prepare_trial(spec) for spec in specs]  # the timing trained the copies above
-                cost = replace(cost, exact=_exactness(StackedTrials(fresh, check=False), fresh))
+    if check_exact is True or (check_exact == "if cheaper" and cost.vectorized < cost.sequential):
+        cost = replace(cost, exact=vectorized_identical(specs))  # on fresh copies: the timing trained these
     return cost
+
+
+@contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block with ``threads`` torch threads (``None``: as they are), restored afterwards."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if threads is not None:
+            torch.set_num_threads(before)
+
+
+def vectorized_identical(specs: list[TrialSpec], threads: int | None = None) -> bool:
+    """Whether the trials ``specs``, run as one vectorized computation, compute on this machine what each
+    computes alone, to the bit (the exactness self-check, :func:`_exactness`: a few training steps at
+    every stack size the run can reach, and every evaluation batch shape, compared with
+    ``torch.equal``).
+
+    On fresh copies (the specs' own prepared trials, built, trained and thrown away here; in a forked
+    RNG state, so nothing of any trial's run changes) and with ``threads`` torch threads (``None``: the
+    caller's; a sweep's driver passes 1, the thread count of its workers,
+    :func:`batchlab.sweep.executors.set_worker_threads`, as the blocking of a product, and so its
+    rounding, may depend on it). What ``vectorize = "auto"`` requires before it vectorizes
+    (:func:`vectorization_pays`), and what a sweep's driver asks before it forces
+    ``vectorize = "always"`` (:func:`batchlab.sweep.runner.prepare_sweep`).
+
+    Raises:
+        NotVectorizable: as :func:`run_trials_vectorized` (the specs or their model cannot run
+            vectorized).
+        BatchlabError: a spec is invalid.
+    """
+    obstacle = vectorization_obstacle(specs)
+    if obstacle is not None:
+        raise NotVectorizable(f"cannot vectorize these trials: {obstacle}")
+    with torch.random.fork_rng(devices=[]), _torch_threads(threads):
+        fresh = [prepare_trial(spec) for spec in specs]
+        with fork_rng(fresh[0].device):
+            return _exactness(StackedTrials(fresh), fresh)
 
 
 def _model_signature(model: nn.Module) -> tuple:
@@ -289,14 +333,15 @@ def vectorization_pays(specs: list[TrialSpec]) -> bool:
     model that does not run vectorized, an invalid spec, any exception a user's model raises while
     built or measured here: the sequential path runs them and reports it).
 
-    Changes no trial's results: it only chooses the path. On the CPU it answers ``True`` only when the
+    Changes no trial's results: it only chooses the path. It answers ``True`` only when the
     vectorized path is measured cheaper AND exact (``VectorizationCost.exact``: the exactness
-    self-check, run once it is cheaper, found the stacked results equal to the sequential ones, to
-    the bit), so that a trial's results stay a pure function of its spec and never depend on timing;
+    self-check, :func:`vectorized_identical`, run once it is cheaper, found the stacked results
+    equal to the sequential ones, to the bit, on this machine), on every device, so that a trial's
+    results stay a pure function of its spec and never depend on timing or on the path; on the CPU
     a model that is not an MLP (:func:`mlp_layers`; ``vmap``, which agrees only up to rounding) gets
-    ``False`` without measuring.
-    ``vectorize = "always"`` still forces the vectorized path (the worker does not ask). On an
-    accelerator, whose results are reproducible only up to rounding anyway, the cost alone decides.
+    ``False`` without measuring. ``vectorize = "always"`` still forces the vectorized path (the
+    worker does not ask; the sweep's driver runs the self-check and records a difference in the
+    study definition: :func:`batchlab.sweep.runner.prepare_sweep`).
 
     Cached in this process per (workload key :func:`batchlab.workloads.workload_key`, the built
     model's parameter names, shapes and dtypes and module classes, optimizer, batch size, K, device,
@@ -323,11 +368,11 @@ def vectorization_pays(specs: list[TrialSpec]) -> bool:
         try:
             if device.type == "cpu" and not mlp:
                 raise NotVectorizable("the vmap path is not exact, so timing does not choose it (docstring)")
-            cost = vectorization_costs(specs, check_exact="if cheaper" if device.type == "cpu" else False)
+            cost = vectorization_costs(specs, check_exact="if cheaper")
         except NotVectorizable:
             _PAYS[key] = False
         except Exception:  # an invalid spec, or a user's model failing: the sequential path reports it
             return False
         else:
-            _PAYS[key] = cost.vectorized < cost.sequential and (cost.exact or device.type != "cpu")
+            _PAYS[key] = cost.vectorized < cost.sequential and cost.exact
     return _PAYS[key]

@@ -24,11 +24,13 @@ How one step is computed (:class:`StackedTrials`):
   trial on its own outputs; the gradients one ``torch.autograd.grad`` of the losses' sum (trial k's loss
   depends only on trial k's parameters, so each trial gets exactly its own gradient). Every trial thus
   runs the same operations it runs alone; whether they also round the same is up to the kernels torch
-  picks, which depend on the products' sizes: on the CPU a trial's gradients, updates and measurements
-  equal its sequential run's **to the bit** for products large enough (the built-in ``fc_*`` workloads
-  at their usual batch sizes), while for small layers (``N x in x out`` below about 400 on torch 2.13)
-  the batched products take another kernel and round differently. So bit-identity is not assumed but
-  measured (the exactness self-check of :func:`~batchlab.sweep.vectorize_choice.vectorization_costs`).
+  and its BLAS pick, which depend on the products' sizes, the CPU's instruction set and the thread
+  count: on many CPUs a trial's gradients, updates and measurements equal its sequential run's **to
+  the bit** for products large enough (the built-in ``fc_*`` workloads at their usual batch sizes),
+  while for small layers (``N x in x out`` below about 400 on torch 2.13), on other CPUs or with
+  several threads the batched products round differently. So bit-identity is not assumed but
+  measured on each machine (the exactness self-check,
+  :func:`~batchlab.sweep.vectorize_choice.vectorized_identical`).
 * **Other models**: one ``torch.func.vmap`` of ``grad_and_value(functional_call(...))`` over the
   stacked parameters and the stacked batches (a shared batch unbatched, ``in_dims=None``); batched
   and unbatched products round differently, so these agree with sequential runs up to rounding.
@@ -57,9 +59,10 @@ tests bound.
 
 Whether vectorizing pays is measured, not assumed
 (:func:`~batchlab.sweep.vectorize_choice.vectorization_pays`): a few steps and one evaluation batch of
-both paths are timed on copies, and the cheaper per trial wins; on the CPU only an MLP whose vectorized
-results the self-check found equal to the sequential ones, to the bit, so that the choice never changes
-a result (``vectorize = "always"`` forces the vectorized path, exact or not).
+both paths are timed on copies, and the cheaper per trial wins, only where the self-check found the
+vectorized results equal to the sequential ones, to the bit, on this machine, so that the choice never
+changes a result (``vectorize = "always"`` forces the vectorized path, exact or not; the sweep then
+records a difference in the study definition: :func:`batchlab.sweep.runner.mark_inexact_vectorization`).
 
 Supported: optimizers whose registry entry has a ``vectorized`` update
 (:func:`batchlab.optim.vectorized_optimizer_names`: sgd, momentum, nesterov, adam); any
@@ -87,7 +90,7 @@ from batchlab.errors import BatchlabError
 from batchlab.optim.schedules import learning_rate_multiplier
 from batchlab.sweep.fused_mlp import mlp_forward, mlp_layers
 from batchlab.train import TrialResult, TrialSpec, prepare_trial
-from batchlab.train.core import batch_source, evaluate_trials, replay_bracket, train_loop
+from batchlab.train.core import batch_source, evaluate_trials, replay_bracket, replay_steps, train_loop
 from batchlab.train.device import fork_rng
 from batchlab.train.divergence import DivergenceMonitor
 from batchlab.train.evaluation import measure, measure_goal, with_bound_flags
@@ -443,6 +446,9 @@ def run_trials_vectorized(specs: list[TrialSpec], race: Any = None) -> list[Tria
 
     def take_snapshot(step: int) -> None:
         nonlocal snapshot
+        if not replay_steps(refine_steps, step, first.steps + 1):  # no replay from here measures anything
+            snapshot = {"step": step}
+            return
         snapshot = {
             "step": step, "active": list(active),
             "params": {k: v.clone() for k, v in params.items()},
@@ -452,9 +458,10 @@ def run_trials_vectorized(specs: list[TrialSpec], race: Any = None) -> list[Tria
 
     def replay(reached: dict, upto: int) -> dict:
         """Train the snapshot's rows of the ``reached`` trials again towards ``upto``, measuring the goal
-        split at the resolution steps strictly between (as :func:`batchlab.train.run_trial` does)."""
+        split at the resolution steps strictly between, and at step 0 from the initial model
+        (:func:`batchlab.train.core.replay_steps`, as :func:`batchlab.train.run_trial` does)."""
         begin = snapshot["step"]
-        steps = [s for s in refine_steps if begin < s < upto]
+        steps = replay_steps(refine_steps, begin, upto)
         if not steps:
             return {}
         trials = list(reached)

@@ -92,7 +92,7 @@ def run_task(task: TrialTask) -> list[TrialOutcome]:
         from batchlab.sweep.vectorized import NotVectorizable, run_trials_vectorized
 
         size = task.group_size or len(specs)
-        # vectorize = "auto": measured (cost, and on the CPU a bit-identity self-check) once per kind of task
+        # vectorize = "auto": measured (a bit-identity self-check, and cost) once per kind of task
         # in this worker (vectorization_pays' cache) and applied to every group of the task
         if not task.choose or vectorization_pays(specs[:size]):
             try:
