@@ -7,6 +7,7 @@ command line prints it as ``error: <message>`` and exits with status 2, with no 
 
 from __future__ import annotations
 
+import codecs
 import difflib
 import operator
 from collections.abc import Iterable
@@ -15,6 +16,57 @@ from typing import Any
 
 class BatchlabError(ValueError):
     """A problem with the user's input; the message is a single line fit to print as is."""
+
+
+def printable(text: str) -> str:
+    """``text`` (a file name, a cell of a user's file) with every non-printable character (newline, NUL,
+    an escape sequence's ESC) written as its ``\\n``/``\\xNN`` escape, so a message stays one clean line."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def one_line(text, limit: int = 300) -> str:
+    """``text`` (e.g. a library's error message quoting a user's file) fit for a one-line error: runs of
+    whitespace become one space, other non-printable characters their escapes (:func:`printable`),
+    and anything past ``limit`` characters ``...``."""
+    flat = printable(" ".join(str(text).split()))
+    return flat if len(flat) <= limit else flat[:limit] + " ..."
+
+
+# Byte-order marks, UTF-32 first (its little-endian mark starts with UTF-16's).
+_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
+         (codecs.BOM_UTF16_LE, "UTF-16"), (codecs.BOM_UTF16_BE, "UTF-16"))
+
+
+def not_utf8_reason(data: bytes, complete: bool = True) -> str | None:
+    """Why ``data`` (a file's bytes; its first bytes only when not ``complete``) is not UTF-8 text, as
+    the end of a sentence naming the file, or None when it is UTF-8 (a UTF-8 byte-order mark is
+    allowed). Names UTF-16/32 (by their byte-order marks), NUL bytes (binary data, or UTF-16/32
+    without a mark) and the first invalid byte with its line (Latin-1 and other 8-bit encodings)."""
+    for bom, name in _BOMS:
+        if data.startswith(bom):
+            return f"is {name} text; batchlab reads UTF-8: convert it (e.g. iconv -f {name} -t UTF-8)"
+    if b"\x00" in data:
+        return "holds NUL bytes (binary data, or UTF-16/32 text without a byte-order mark); it must be UTF-8 text"
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(data, final=complete)
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        return (f"is not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line}; Latin-1 or another "
+                "encoding?); batchlab reads UTF-8: convert it (e.g. iconv -f LATIN1 -t UTF-8)")
+    return None
+
+
+def decode_utf8(data: bytes, what: str) -> str:
+    """``data`` decoded as UTF-8 (a leading byte-order mark dropped); else a one-line
+    :class:`BatchlabError` starting with ``what`` (e.g. the file's name) and saying why
+    (:func:`not_utf8_reason`)."""
+    reason = not_utf8_reason(data)
+    if reason is not None:
+        raise BatchlabError(f"{what} {reason}")
+    return data.decode("utf-8-sig")
 
 
 def unknown_name_error(kind: str, name: str, known: Iterable[str]) -> BatchlabError:

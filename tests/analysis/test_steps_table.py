@@ -72,6 +72,12 @@ def test_too_few_reached_points_is_reported_per_group(tmp_path):
         ("batch_size,steps\n1,10\n2,5\n", "optimizer", "unknown group column 'optimizer'; allowed: ['batch_size', 'steps']"),
         ("g,batch_size,steps\na,1,10\na,1,5\n", "g", "duplicate batch size(s) [1] in group g='a'"),
         ("batch_size,steps\n", None, "has no rows"),
+        # a batch size of 2^63 used to be accepted (and wrap around as int64); steps of 1e300 gave a traceback
+        ("batch_size,steps\n9223372036854775808,10\n2,5\n", None, "batch sizes must be whole numbers > 0 and <= 2^53"),
+        ("batch_size,steps\n9007199254740994,10\n2,5\n", None, "batch sizes must be whole numbers > 0 and <= 2^53"),
+        ("batch_size,steps\n1,1e300\n2,5\n", None, "steps must be >= 0 and <= 2^53 (or empty), got [1e+300]"),
+        ("batch_size,steps,reached\n1,-4,false\n2,5,true\n", None, "steps must be >= 0 and <= 2^53"),
+        ("batch_size,steps,reached,budget\n1,,false,1e20\n2,5,true,\n", None, "budget must be >= 0 and <= 2^53"),
     ],
 )
 def test_bad_tables_are_one_line_errors(tmp_path, text, group_by, fragment):
@@ -119,3 +125,25 @@ def test_bootstrap_reads_regimes_from_the_fits_b0():
     summary = bootstrap_critical_batch_size(trials, n_boot=10, steps_lower=lower).to_dict()
     assert summary["b0"] == 32 and summary["data_regimes"]["b0"] == 32
     assert summary["critical_batch_sizes"]["perfect_scaling_end"]["value"] == 128
+
+
+@pytest.mark.parametrize("data, fragment", [
+    ("batch_size,steps,g\n1,10,\xe9\n2,5,\xe9\n".encode("latin-1"), "is not UTF-8 text (byte 0xe9 on line 2"),
+    ("batch_size,steps\n1,10\n2,5\n".encode("utf-16"), "is UTF-16 text"),
+    (bytes(range(256)), "holds NUL bytes"),
+])
+def test_a_steps_table_in_another_encoding_is_one_line(tmp_path, data, fragment):
+    path = tmp_path / "t.csv"
+    path.write_bytes(data)
+    with pytest.raises(BatchlabError) as info:
+        fit_steps_table(path)
+    assert fragment in str(info.value) and str(info.value).isprintable()
+
+
+def test_an_infinite_steps_value_means_not_reached(tmp_path):
+    infinite, empty = tmp_path / "inf.csv", tmp_path / "empty.csv"
+    infinite.write_text("batch_size,steps\n1,100\n2,50\n4,30\n8,inf\n")
+    empty.write_text("batch_size,steps\n1,100\n2,50\n4,30\n8,\n")
+    (entry,) = fit_steps_table(infinite)
+    assert entry["regimes"][-1] == {"batch_size": 8, "steps": None, "regime": None} and entry["points_used"] == 3
+    assert entry == fit_steps_table(empty)[0]  # the same path: an empty cell

@@ -68,10 +68,10 @@ def _csv(study, trial):
     return study / str(trial) / "measurements.csv"
 
 
-def _replace_csv_line(path, index, text):
+def _replace_csv_line(path, index, text, encoding="utf-8"):
     lines = path.read_text().splitlines()
     lines[index] = text
-    path.write_text("\n".join(lines) + "\n")
+    path.write_bytes(("\n".join(lines) + "\n").encode(encoding))
 
 
 MALFORMED = {
@@ -98,7 +98,46 @@ MALFORMED = {
     "batch size mismatch": (lambda s: (s / "study.json").write_text(json.dumps(
         dict(json.loads((s / "study.json").read_text()), batch_size=9))),
         "study.json", "does not match"),
+    # other encodings, truncated files, values beyond the store's int64, workload directories that
+    # name no store workload (these imported with exit 0, or gave an OverflowError traceback)
+    "study.json in Latin-1": (lambda s: _edit_json(s / "study.json", "latin-1", dataset="m\xe9nist"),
+                              "study.json", "is not UTF-8 text (byte 0xe9"),
+    "study.json in UTF-16": (lambda s: _edit_json(s / "study.json", "utf-16"), "study.json", "is UTF-16 text"),
+    "metadata.json in UTF-32": (lambda s: _edit_json(s / "2" / "metadata.json", "utf-32"),
+                                "2/metadata.json", "is UTF-32 text"),
+    "truncated metadata.json": (lambda s: _truncate(s / "2" / "metadata.json"), "2/metadata.json", "bad JSON"),
+    "measurements.csv in UTF-16": (lambda s: _csv(s, 2).write_bytes(_csv(s, 2).read_text().encode("utf-16")),
+                                   "2/measurements.csv", "is UTF-16 text"),
+    "Latin-1 cell in measurements.csv": (lambda s: _replace_csv_line(_csv(s, 2), 2, "3,0.5\xb0,0.1", "latin-1"),
+                                         "2/measurements.csv", "is not UTF-8 text (byte 0xb0 on line 3"),
+    "NUL in measurements.csv": (lambda s: _replace_csv_line(_csv(s, 2), 2, "3,0.5\x00,0.1"),
+                                "2/measurements.csv", "holds NUL bytes"),
+    "empty measurements.csv": (lambda s: _csv(s, 2).write_bytes(b""), "2/measurements.csv", "empty file"),
+    "truncated measurements.csv": (lambda s: _truncate(_csv(s, 2), b"\n3,"), "2/measurements.csv",
+                                   "Expected 3 columns, got 2"),
+    "train_steps beyond int64": (lambda s: _edit_json(s / "study.json", train_steps=2**64),
+                                 "study.json", "field 'train_steps' must be <= 9223372036854775807"),
+    "steps beyond int64": (lambda s: _edit_json(s / "2" / "metadata.json", steps=2**63),
+                           "2/metadata.json", "field 'steps' must be <= 9223372036854775807"),
+    "trial directory beyond int64": (lambda s: (s / "2").rename(s / str(2**63)), str(2**63),
+                                     "trial directory name is larger than 9223372036854775807"),
+    "workload directory with a space": (lambda s: s.parent.rename(s.parent.with_name("s gd")), "s gd",
+                                        "is not of the form dataset/model/optimizer"),
+    "workload directory with a backslash": (lambda s: s.parent.rename(s.parent.with_name("s\\gd")), "s\\gd",
+                                            "is not of the form dataset/model/optimizer"),
+    "workload directory with a control character": (lambda s: s.parent.rename(s.parent.with_name("s\x1bgd")),
+                                                    "s\\x1bgd", "is not of the form dataset/model/optimizer"),
 }
+
+
+def _edit_json(path, encoding="utf-8", **fields):
+    path.write_bytes(json.dumps(dict(json.loads(path.read_text()), **fields), ensure_ascii=False).encode(encoding))
+
+
+def _truncate(path, after=None):
+    """Cut the file in half, or just after the bytes ``after``."""
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2 if after is None else data.index(after) + len(after)])
 
 
 @pytest.mark.parametrize("case", sorted(MALFORMED))
@@ -114,7 +153,7 @@ def test_malformed_file_stops_import_and_leaves_store_as_it_was(tmp_path, case):
     with pytest.raises(BatchlabError) as info:
         import_batch_science(store, root)
     message = str(info.value)
-    assert "\n" not in message and where in message and problem in message, message
+    assert message.isprintable() and where in message and problem in message, message
     assert store.state().seq == before_seq
     assert data_files(store) == before_files
     assert store.table("measurements").equals(before_rows)
@@ -240,3 +279,12 @@ def test_measurement_files_are_sorted_with_small_row_groups(tmp_path, release, m
     import_batch_science(plain, root)
     q = "SELECT * FROM measurements ORDER BY ALL"
     assert store.connect().execute(q).fetchall() == plain.connect().execute(q).fetchall()
+
+
+def test_utf8_byte_order_marks_are_allowed(tmp_path, store):
+    root = tmp_path / "rel"
+    studies = make_release(root, n_trials=2)
+    study = studies[("mnist/simple_cnn_base/sgd", 64)]
+    for path in (study / "study.json", study / "1" / "metadata.json", _csv(study, 1)):
+        path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    assert import_batch_science(store, root).trials_added == 12

@@ -110,3 +110,41 @@ def test_every_writer_writes_measurements_in_one_layout(tmp_path, release):
     (merged,) = store.state().files["measurements"]
     assert _layout(store.root / merged) in layouts
     assert _sorted_by_layout(pq.read_table(store.root / merged))
+
+
+@pytest.mark.parametrize("name", [
+    "../../escaped/sgd", "mnist/../x/sgd", "./mnist/fc/sgd", "/abs/fc/sgd", "mnist//fc/sgd", "mnist/fc/sgd/",
+    "mnist\\x/fc/sgd", "mn ist/fc/sgd", "mn\x07ist/fc/sgd", "mn\x00ist/fc/sgd", "mnist/fc/sgd\n", "-mnist/fc/sgd",
+    ".hidden/fc/sgd", "fc/sgd", "x" * 101 + "/fc/sgd",
+])
+def test_a_workload_name_that_is_no_relative_directory_path_is_refused_naming_the_form(name):
+    # "../../escaped/sgd" used to enter the store (only export refused it); every store name passes
+    # split_workload, the one check used by trials, study definitions and both imports
+    with pytest.raises(BatchlabError) as info:
+        schema.split_workload(name)
+    message = str(info.value)
+    assert "dataset/model/optimizer: three or more parts separated by '/'" in message
+    assert message.isprintable() and repr(name) in message
+    with pytest.raises(BatchlabError):
+        schema.validate_workload_name(name)
+
+
+@pytest.mark.parametrize("name", ["mnist/fc_64_64_64/sgd", "imagenet_subsets/imagenet_10/resnet-50/nesterov_momentum",
+                                  "données/mlp.v2/adam+wd", "x" * 100 + "/fc/sgd"])
+def test_store_workload_names_are_accepted(name):
+    assert schema.validate_workload_name(name) == name
+    assert "/".join(schema.split_workload(name)) == name
+
+
+def test_trials_and_study_definitions_refuse_such_a_workload_name(tmp_path):
+    # a user Workload named "../.." trained with --store used to publish the workload "../../sgd"
+    from batchlab.store import Store, TrialRecord, publish_trials
+    from batchlab.store.studies import make_study_definition
+
+    store = Store.open(tmp_path / "store", create=True)
+    with pytest.raises(BatchlabError, match=r"workload '\.\./\.\./sgd' is not of the form dataset/model/optimizer"):
+        publish_trials(store, [TrialRecord(workload="../../sgd", batch_size=8, trial_id=1, trial_key="k",
+                                           parameters={}, status="COMPLETE", steps=1)])
+    assert store.state().seq == 0
+    with pytest.raises(BatchlabError, match="is not of the form dataset/model/optimizer"):
+        make_study_definition(workload="my\\data/mlp/sgd", batch_size=8, train_steps=10)

@@ -121,3 +121,141 @@ def test_unknown_file_kind_is_refused(tmp_path, store):
 
 def test_store_fixture_is_fresh(store):
     assert isinstance(store, Store) and store.state().seq == 0
+
+
+def assert_nothing_written(store):
+    assert store.state().seq == 0
+    assert not any((store.root / "data").rglob("*.parquet"))
+
+
+ONE = "\n".join([HEADER, f"{W},64,1,0,0.9,2.3,0.1,"]) + "\n"
+
+
+@pytest.mark.parametrize("name, data, fragment", [
+    # a Latin-1 cell used to give a UnicodeDecodeError traceback (pandas), a Latin-1 header too
+    ("latin1.csv", ONE.replace(W, "m\xe9nist/fc/sgd").encode("latin-1"), "is not UTF-8 text (byte 0xe9 on line 2"),
+    ("header.csv", ONE.replace("param:learning_rate", "param:r\xe9").encode("latin-1"), "byte 0xe9 on line 1"),
+    ("utf16.csv", ONE.encode("utf-16"), "is UTF-16 text; batchlab reads UTF-8"),
+    ("utf16be.csv", b"\xfe\xff" + ONE.encode("utf-16-be"), "is UTF-16 text"),
+    ("utf32.csv", ONE.encode("utf-32"), "is UTF-32 text"),
+    ("nobom.csv", ONE.encode("utf-16-le"), "holds NUL bytes"),
+    ("binary.csv", bytes(range(256)) * 4, "holds NUL bytes"),
+    ("latin1.csv.gz", __import__("gzip").compress(ONE.replace(W, "m\xe9nist/fc/sgd").encode("latin-1")),
+     "is not UTF-8 text"),
+    ("empty.csv", b"", "Empty CSV file"),
+])
+def test_a_table_in_another_encoding_is_one_line_and_writes_nothing(tmp_path, store, name, data, fragment):
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(BatchlabError) as info:
+        import_table(store, tmp_path / name)
+    assert fragment in str(info.value) and str(info.value).isprintable()
+    assert_nothing_written(store)
+
+
+@pytest.mark.parametrize("bad_row, message", [
+    (f"{W},64,2,0,0.5\xb0,1,0.1,", "column 'val/classification_error', data row 40001, is not UTF-8 text"),
+    (f"{W},64,2,0,0.5,1,0.1,D\xc9J\xc0", "long.csv is not UTF-8 text .*invalid UTF8"),
+])
+def test_a_latin1_cell_past_the_checked_head_is_one_line(tmp_path, store, bad_row, message):
+    rows = [f"{W},64,1,{step},0.5,1,0.1," for step in range(40_000)]  # > 1 MiB before the bad row
+    path = tmp_path / "long.csv"
+    path.write_bytes(("\n".join([HEADER, *rows, bad_row]) + "\n").encode("latin-1"))
+    assert path.stat().st_size > 1 << 20
+    with pytest.raises(BatchlabError, match=message) as info:
+        import_table(store, path)
+    assert str(info.value).isprintable()
+    assert_nothing_written(store)
+
+
+def test_a_utf8_byte_order_mark_is_allowed(tmp_path, store):
+    (tmp_path / "bom.csv").write_bytes(b"\xef\xbb\xbf" + ONE.encode())
+    assert import_table(store, tmp_path / "bom.csv").trials_added == 1
+
+
+@pytest.mark.parametrize("workload", ["../../escaped/sgd", "mnist/../fc/sgd", "./fc/sgd", "mn\\ist/fc/sgd",
+                                      "mn ist/fc/sgd", "mn\x07ist/fc/sgd"])
+def test_a_workload_name_that_is_no_relative_path_is_refused(tmp_path, store, workload):
+    # "../../escaped/sgd" used to import with exit 0 (only export refused it)
+    path = tmp_path / "w.csv"
+    path.write_bytes(ONE.replace(W, f'"{workload}"').encode())
+    with pytest.raises(BatchlabError, match="is not of the form dataset/model/optimizer: three or more parts") as info:
+        import_table(store, path)
+    assert str(info.value).isprintable()
+    assert_nothing_written(store)
+
+
+def _trial_ids(store):
+    return sorted(r[0] for r in store.connect().execute("SELECT trial_id FROM trials").fetchall())
+
+
+@pytest.mark.parametrize("cell, expected", [
+    ("9223372036854775806", 2**63 - 2),  # used to be refused: "must be <= 9223372036854775807, got 9.2e18"
+    ("9223372036854775807", 2**63 - 1),
+    ("9223372036854775296", 2**63 - 512),
+    ("9223372036854775806.0", 2**63 - 2),  # whole numbers in float notation, compared exactly
+    ("1e3", 1000), ("3.0", 3), ("+4", 4), (" 5 ", 5), ("6.00e0", 6),
+])
+def test_integer_cells_are_read_exactly(tmp_path, store, cell, expected):
+    path = tmp_path / "ids.csv"
+    path.write_text("\n".join([HEADER, f"{W},64,{cell},0,0.9,2.3,0.1,"]) + "\n")
+    import_table(store, path)
+    assert _trial_ids(store) == [expected]
+
+
+@pytest.mark.parametrize("column, cell, message", [
+    ("trial_id", "9223372036854775808", "column 'trial_id' must be <= 9223372036854775807, got 9223372036854775808$"),
+    ("trial_id", "9223372036854775807.5", "column 'trial_id' must hold integers, got '9223372036854775807.5'"),
+    ("trial_id", "1e999999999", "must be <= 9223372036854775807, got 1e999999999$"),
+    ("step", "0x10", "column 'step' must hold integers, got '0x10'"),  # pyarrow would read 16
+    ("batch_size", "true", "column 'batch_size' must hold integers, got 'true'"),  # used to import as 1
+    ("step", "1.5", "column 'step' must hold integers, got '1.5'"),
+    ("step", "nan", "column 'step' must hold integers, got 'nan'"),
+    ("step", "inf", "column 'step' must hold integers, got 'inf'"),
+    ("step", "1_000", "column 'step' must hold integers, got '1_000'"),
+    ("batch_size", "0.0", "column 'batch_size' must be >= 1, got 0.0$"),
+    ("trial_id", "-1e0", "column 'trial_id' must be >= 0, got -1e0$"),
+])
+def test_integer_cells_that_are_no_integer_in_range_are_refused(tmp_path, store, column, cell, message):
+    values = {"batch_size": "64", "trial_id": "1", "step": "0", column: cell}
+    path = tmp_path / "bad.csv"
+    path.write_text("\n".join([HEADER, f"{W},{values['batch_size']},{values['trial_id']},{values['step']},"
+                               "0.9,2.3,0.1,"]) + "\n")
+    with pytest.raises(BatchlabError, match=message):
+        import_table(store, path)
+    assert_nothing_written(store)
+
+
+def test_parquet_integer_columns_are_checked_exactly(tmp_path, store):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def table(**columns):
+        base = {"workload": [W], "batch_size": [64], "trial_id": [1], "step": [0], "val/classification_error": [0.5]}
+        base.update(columns)
+        path = tmp_path / "t.parquet"
+        pq.write_table(pa.table(base), path)
+        return path
+
+    import_table(store, table(trial_id=pa.array([2**63 - 1], pa.int64()), step=pa.array([10.0])))
+    assert _trial_ids(store) == [2**63 - 1]
+    for columns, message in [
+        ({"trial_id": pa.array([2**63], pa.uint64())}, "must be <= 9223372036854775807, got 9223372036854775808"),
+        ({"trial_id": pa.array([2.0**63])}, "must be <= 9223372036854775807, got 9.223372036854776e"),
+        ({"step": pa.array([2.5])}, "column 'step' must hold integers, got 2.5"),
+        ({"step": pa.array([float("nan")])}, "column 'step' must hold integers, got nan"),
+        ({"batch_size": pa.array([True])}, "column 'batch_size' must hold integers, got True"),
+        ({"workload": pa.array([b"mnist/fc/sgd"])}, "column 'workload' must hold text"),
+        ({"param:lr": pa.array([[1.0]])}, "column 'param:lr' must hold text, numbers or booleans"),
+        ({"param:lr": pa.array([float("inf")])}, "t.parquet: parameter column 'param:lr' values must be finite"),
+    ]:
+        with pytest.raises(BatchlabError, match=message):
+            import_table(store, table(**columns))
+    assert store.state().seq == 1
+
+
+def test_a_column_given_twice_is_refused(tmp_path, store):
+    path = tmp_path / "twice.csv"
+    path.write_text("\n".join([HEADER + ",step", f"{W},64,1,0,0.9,2.3,0.1,,0"]) + "\n")
+    with pytest.raises(BatchlabError, match="column 'step' occurs twice"):
+        import_table(store, path)
+    assert_nothing_written(store)

@@ -1,11 +1,15 @@
 """Fit any steps table: one S(B) fit and data-read regimes per group of a CSV or Parquet file.
 
 A steps table has one row per batch size (per group): columns ``batch_size`` and ``steps`` (steps to
-result, updates), optional ``reached`` (bool; default: ``steps`` is present), ``budget`` (the step
+result, updates), optional ``reached`` (bool; default: ``steps`` is a finite number, so an empty cell or
+``inf`` means not reached), ``budget`` (the step
 budget an unreached batch size ran to: its censoring bound ``S > budget``) and ``steps_lower`` (the
 evaluation step before the reaching one: the bracket ``(steps_lower, steps]``). Other columns are
 ignored unless named as the group column. Without ``budget``, an unreached row's ``steps`` value
 (when given) is taken as the steps it ran. Without ``steps_lower`` the steps are treated as exact.
+Batch sizes are whole numbers from 1 to 2^53 (:data:`LARGEST`, the largest whole number a float holds
+exactly), and every finite steps, budget and steps_lower value is at most 2^53 too. A CSV is UTF-8 text
+(a byte-order mark allowed); a file in another encoding is one line saying so.
 
 Definitions of every returned quantity: docs/methods.md ("Critical batch size", "Regimes read from
 the data", "The S(B) fit").
@@ -13,6 +17,7 @@ the data", "The S(B) fit").
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
@@ -22,11 +27,13 @@ from batchlab.analysis.critical_batch_size import summarize_curve
 from batchlab.analysis.definitions import REGISTRY
 from batchlab.analysis.curve import StepsCurve
 from batchlab.analysis.regimes import check_tolerance
-from batchlab.errors import BatchlabError
+from batchlab.errors import BatchlabError, decode_utf8, one_line
 
 REQUIRED = ("batch_size", "steps")
 OPTIONAL = ("reached", "budget", "steps_lower")
 FORMATS = (".csv", ".parquet", ".pq")
+#: The largest batch size and step count a steps table may hold (2^53: whole numbers up to it are exact floats).
+LARGEST = 2**53
 _TRUE = {"true", "1", "yes", "t", "y"}
 _FALSE = {"false", "0", "no", "f", "n"}
 
@@ -47,9 +54,15 @@ def read_steps_table(path: str | Path):
     if not path.is_file():
         raise BatchlabError(f"steps table {str(path)!r} does not exist or is not a file")
     try:
-        frame = pd.read_csv(path) if suffix == ".csv" else pd.read_parquet(path)
+        if suffix == ".csv":
+            text = decode_utf8(path.read_bytes(), f"steps table {str(path)!r}")
+            frame = pd.read_csv(io.StringIO(text))
+        else:
+            frame = pd.read_parquet(path)
+    except BatchlabError:
+        raise
     except Exception as exc:  # noqa: BLE001 - any reader failure is a user error about the file
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        message = one_line(exc) or type(exc).__name__
         raise BatchlabError(f"cannot read steps table {str(path)!r}: {message}") from None
     frame.columns = [str(c).strip() for c in frame.columns]
     missing = [c for c in REQUIRED if c not in frame.columns]
@@ -63,12 +76,11 @@ def read_steps_table(path: str | Path):
     frame = frame.copy()
     frame.attrs["columns"] = list(frame.columns)
     frame["batch_size"] = _numeric(frame["batch_size"], "batch_size", path)
-    bad = frame["batch_size"][~(np.isfinite(frame["batch_size"]) & (frame["batch_size"] > 0))]
+    sizes = frame["batch_size"]
+    bad = sizes[~(np.isfinite(sizes) & (sizes > 0) & (sizes <= LARGEST) & (sizes == np.round(sizes)))]
     if len(bad):
-        raise BatchlabError(f"steps table {str(path)!r}: batch sizes must be whole numbers > 0, got {bad.tolist()[:5]}")
-    frac = frame["batch_size"][frame["batch_size"] != np.round(frame["batch_size"])]
-    if len(frac):
-        raise BatchlabError(f"steps table {str(path)!r}: batch sizes must be whole numbers > 0, got {frac.tolist()[:5]}")
+        raise BatchlabError(f"steps table {str(path)!r}: batch sizes must be whole numbers > 0 and <= 2^53, "
+                            f"got {bad.tolist()[:5]}")
     frame["steps"] = _numeric(frame["steps"], "steps", path)
     if "reached" in frame.columns:
         frame["reached"] = [_boolean(v, path) for v in frame["reached"]]
@@ -79,13 +91,16 @@ def read_steps_table(path: str | Path):
     bad = steps[reached & ~(np.isfinite(steps) & (steps > 0))]
     if bad.size:
         raise BatchlabError(f"steps table {str(path)!r}: steps must be > 0 where the goal was reached, got {bad.tolist()[:5]}")
-    for column in ("budget", "steps_lower"):
+    for column in ("steps", "budget", "steps_lower"):
         if column in frame.columns:
-            frame[column] = _numeric(frame[column], column, path)
+            if column != "steps":
+                frame[column] = _numeric(frame[column], column, path)
             values = frame[column].to_numpy()
-            negative = values[np.isfinite(values) & (values < 0)]
-            if negative.size:
-                raise BatchlabError(f"steps table {str(path)!r}: {column} must be >= 0, got {negative.tolist()[:5]}")
+            finite = values[np.isfinite(values)]
+            wrong = finite[(finite < 0) | (finite > LARGEST)]
+            if wrong.size:
+                raise BatchlabError(f"steps table {str(path)!r}: {column} must be >= 0 and <= 2^53 (or empty), "
+                                    f"got {wrong.tolist()[:5]}")
     if "steps_lower" in frame.columns:
         lower = frame["steps_lower"].to_numpy()
         wrong = reached & np.isfinite(lower) & (lower >= steps)

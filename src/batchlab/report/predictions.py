@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from batchlab.errors import BatchlabError
+from batchlab.errors import BatchlabError, decode_utf8, one_line
 
 #: Keys a ``batchlab predict --json`` record must have (recognised by ``predictor``).
 PREDICTION_KEYS = ("workload", "optimizer", "predictor", "critical_batch_size", "low", "high", "examples", "settings")
@@ -159,10 +159,10 @@ def read_predictions(paths) -> list[Record]:
         if not path.is_file():
             raise BatchlabError(f"--predictions {str(path)!r} does not exist or is not a file")
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            why = getattr(exc, "strerror", None) or exc
-            raise BatchlabError(f"cannot read --predictions {str(path)!r}: {why}") from None
+            data = path.read_bytes()
+        except OSError as exc:
+            raise BatchlabError(f"cannot read --predictions {str(path)!r}: {exc.strerror or exc}") from None
+        text = decode_utf8(data, f"--predictions {str(path)!r}")
         found = 0
         for number, raw in enumerate(text.splitlines(), 1):
             if not raw.strip():
@@ -171,7 +171,9 @@ def read_predictions(paths) -> list[Record]:
             try:
                 obj = json.loads(raw)
             except ValueError as exc:
-                raise BatchlabError(f"{where} is not JSON ({exc.args[0] if exc.args else exc})") from None
+                raise BatchlabError(f"{where} is not JSON ({one_line(exc.args[0] if exc.args else exc)})") from None
+            except RecursionError:
+                raise BatchlabError(f"{where} is not a record: its JSON nests too deeply") from None
             if not isinstance(obj, dict):
                 raise BatchlabError(f"{where} is not a JSON object (one object per line, as --json writes)")
             records.append(_record(obj, where))

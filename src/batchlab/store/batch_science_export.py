@@ -49,7 +49,7 @@ import pyarrow.csv as pacsv
 
 from batchlab.errors import BatchlabError
 from batchlab.store.store import Store
-from batchlab.store.schema import BOUND_SUFFIX
+from batchlab.store.schema import BOUND_SUFFIX, validate_workload_name
 
 
 @dataclass
@@ -78,10 +78,11 @@ STATUS_MAPPING = ("STOPPED_AT_GOAL -> status COMPLETE with steps = updates run, 
 
 
 def _safe_parts(workload: str) -> list[str]:
-    parts = workload.split("/")
-    if any(p in ("", ".", "..") for p in parts):
-        raise BatchlabError(f"workload {workload!r} cannot be written as a directory path")
-    return parts
+    """The directory names of ``workload`` (a store name, :func:`validate_workload_name`)."""
+    try:
+        return validate_workload_name(workload).split("/")
+    except BatchlabError as exc:  # a store written before names were checked at import
+        raise BatchlabError(f"{exc}; it cannot be exported as a directory path") from None
 
 
 def _csv_bytes(metrics: list[str], steps: np.ndarray, values: np.ndarray, present: np.ndarray) -> bytes:

@@ -33,6 +33,7 @@ Studies are spread over worker processes (``jobs``), each writing its own Parque
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import json
@@ -47,8 +48,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from batchlab.errors import BatchlabError
-from batchlab.store.schema import RELEASE_STATUSES, SCHEMAS, STATUSES
+from batchlab.errors import BatchlabError, decode_utf8, not_utf8_reason, one_line, printable
+from batchlab.store.schema import INT64_MAX, RELEASE_STATUSES, SCHEMAS, STATUSES, validate_workload_name
 from batchlab.store.studies import check_definition, make_study_definition, study_id
 from batchlab.store.writer import study_row
 from batchlab.store.store import Store
@@ -67,8 +68,8 @@ class MalformedFile(Exception):
     """A problem with one release file (path, problem); becomes a BatchlabError or a skip."""
 
     def __init__(self, path: Path | str, problem: str):
-        super().__init__(f"{path}: {problem}")
-        self.path = str(path)
+        super().__init__(f"{printable(path)}: {problem}")
+        self.path = printable(path)
         self.problem = problem
 
 
@@ -108,7 +109,9 @@ class ImportReport:
 
 # ------------------------------------------------------------------------- discovery
 def _is_int_name(name: str) -> bool:
-    return name.isdigit() or (name.startswith("-") and name[1:].isdigit())
+    """Whether a directory name is a decimal integer (ASCII digits, optional ``-``)."""
+    digits = name[1:] if name.startswith("-") else name
+    return digits.isascii() and digits.isdigit()
 
 
 def _looks_like_study(path: Path, subdirs: list[os.DirEntry]) -> bool:
@@ -158,9 +161,11 @@ def _load_json(path: Path) -> dict:
     except FileNotFoundError:
         raise MalformedFile(path, "missing file") from None
     try:
-        value = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise MalformedFile(path, f"bad JSON ({exc})") from None
+        value = json.loads(decode_utf8(data, "the file"))
+    except BatchlabError as exc:
+        raise MalformedFile(path, str(exc)) from None
+    except ValueError as exc:
+        raise MalformedFile(path, f"bad JSON ({one_line(exc)})") from None
     if not isinstance(value, dict):
         raise MalformedFile(path, "bad JSON (expected an object)")
     return value
@@ -174,6 +179,8 @@ def _require(path: Path, data: dict, name: str, kind: type | tuple, what: str):
         raise MalformedFile(path, f"field {name!r} must be {what}, got {value!r}")
     if not isinstance(value, kind):
         raise MalformedFile(path, f"field {name!r} must be {what}, got {value!r}")
+    if kind is int and value > INT64_MAX:  # the store's columns are int64
+        raise MalformedFile(path, f"field {name!r} must be <= {INT64_MAX}, got {value}")
     return value
 
 
@@ -220,12 +227,20 @@ def read_metadata_json(path: Path, trial_id: int) -> dict:
     return data
 
 
-def _parse_header(path: Path, line: bytes) -> tuple[str, ...]:
+def _parse_header(path: Path, line: bytes, raw: bytes) -> tuple[str, ...]:
+    """The column names of the header ``line`` of measurements.csv ``raw``."""
     try:
         names = next(csv.reader([line.decode("utf-8").rstrip("\r\n")]))
     except (UnicodeDecodeError, StopIteration, csv.Error):
-        raise MalformedFile(path, "bad CSV header") from None
+        names = None
     if not names or names[0] != "step":
+        encoding = not_utf8_reason(raw)
+        if encoding is not None:
+            raise MalformedFile(path, f"the file {encoding}")
+        if not raw.strip():
+            raise MalformedFile(path, "empty file (it needs the header step,<metric>,...)")
+        if names is None:
+            raise MalformedFile(path, "bad CSV header")
         raise MalformedFile(path, f"first column must be 'step', got {names[:1]}")
     metrics = names[1:]
     if any(not m for m in metrics) or len(set(metrics)) != len(metrics):
@@ -249,10 +264,6 @@ def _parse_bodies(names: tuple[str, ...], body: bytes) -> pa.Table:
     )
 
 
-def _first_line(message: str) -> str:
-    return " ".join(message.split())
-
-
 @dataclass
 class _Trial:
     trial_id: int
@@ -272,8 +283,9 @@ def _read_trial(study: StudyDir, trial_id: int) -> _Trial:
             raw = handle.read()
     except FileNotFoundError:
         raise MalformedFile(csv_path, "missing file") from None
+    raw = raw.removeprefix(codecs.BOM_UTF8)
     head, _, body = raw.partition(b"\n")
-    names = _parse_header(csv_path, head)
+    names = _parse_header(csv_path, head, raw)
     body = body.rstrip(b"\r\n\t ")
     if body:
         body += b"\n"
@@ -312,7 +324,10 @@ def _parse_one(trial: _Trial) -> pa.Table:
     try:
         table = _parse_bodies(trial.names, trial.body)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise MalformedFile(trial.csv_path, f"non-numeric or malformed value ({_first_line(str(exc))})") from None
+        encoding = not_utf8_reason(b"\n" + trial.body)  # the newline: line numbers count the header
+        if encoding is not None:
+            raise MalformedFile(trial.csv_path, f"the file {encoding}") from None
+        raise MalformedFile(trial.csv_path, f"non-numeric or malformed value ({one_line(exc)})") from None
     if table.num_rows != trial.rows:
         raise MalformedFile(trial.csv_path, "malformed rows (blank line inside the file?)")
     _check_measurements(trial, table)
@@ -378,8 +393,14 @@ def read_study(study: StudyDir, published_ids: set[int], skip_bad: bool) -> Stud
             raise err
         skipped.append((err.path, err.problem))
 
-    if study.batch_size is None:
-        bad(MalformedFile(study.path, "batch size directory name is not an integer"))
+    if study.batch_size is None or study.batch_size > INT64_MAX:
+        why = "is not an integer" if study.batch_size is None else f"is larger than {INT64_MAX}"
+        bad(MalformedFile(study.path, f"batch size directory name {why}"))
+        return StudyResult(None, [], [], [], 0, skipped)
+    try:
+        validate_workload_name(study.workload)
+    except BatchlabError as exc:
+        bad(MalformedFile(study.path.parent, f"the directories name no store workload: {exc}"))
         return StudyResult(None, [], [], [], 0, skipped)
     try:
         study_json = read_study_json(study.path / "study.json", study.batch_size)
@@ -393,8 +414,11 @@ def read_study(study: StudyDir, published_ids: set[int], skip_bad: bool) -> Stud
     trial_ids = []
     for entry in os.scandir(study.path):
         if entry.is_dir():
-            if not entry.name.isdigit():
+            if not (entry.name.isascii() and entry.name.isdigit()):
                 bad(MalformedFile(entry.path, "trial directory name is not an integer"))
+                continue
+            if int(entry.name) > INT64_MAX:
+                bad(MalformedFile(entry.path, f"trial directory name is larger than {INT64_MAX}"))
                 continue
             trial_ids.append(int(entry.name))
     trial_ids.sort()

@@ -32,6 +32,8 @@ definition built from the row's own columns with source ``legacy``; compaction c
 
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
 
 from batchlab.errors import BatchlabError, unknown_name_error
@@ -64,17 +66,36 @@ def store_workload_name(workload: str, optimizer: str) -> str:
     return f"{workload}/{optimizer}"
 
 
+#: The largest integer the store holds (batch sizes, trial ids, steps and seeds are int64 columns).
+INT64_MAX = 2**63 - 1
+#: One part of a workload name (:func:`validate_workload_name`).
+WORKLOAD_PART = re.compile(r"\w[\w.+-]{0,99}")
+WORKLOAD_FORM = ("dataset/model/optimizer: three or more parts separated by '/', each 1 to 100 letters, digits, "
+                 "'_', '.', '-' or '+', starting with a letter, digit or '_'")
+
+
+def validate_workload_name(workload) -> str:
+    """``workload`` if it is a store workload name, else a one-line BatchlabError naming the allowed form
+    (:data:`WORKLOAD_FORM`). Every workload name that enters a store (trials, study definitions, the
+    table and release imports) passes here, so a name is always a relative directory path that an
+    export can write: no ``..``, ``.`` or empty part, no absolute path, backslash, space, control
+    character or NUL."""
+    if not isinstance(workload, str):
+        raise BatchlabError(f"workload must be a string ({WORKLOAD_FORM}), got {workload!r}")
+    parts = workload.split("/")
+    if len(parts) < 3 or not all(WORKLOAD_PART.fullmatch(p) for p in parts):
+        raise BatchlabError(f"workload {workload!r} is not of the form {WORKLOAD_FORM}")
+    return workload
+
+
 def split_workload(workload: str) -> tuple[str, str, str]:
     """``dataset/model/optimizer`` -> its three parts; extra leading levels stay in the dataset.
 
     ``mnist_subsets/mnist_6875/simple_cnn_base/nesterov_momentum`` gives dataset
-    ``mnist_subsets/mnist_6875``. Raises BatchlabError unless there are at least three parts.
+    ``mnist_subsets/mnist_6875``. Raises BatchlabError unless the name passes
+    :func:`validate_workload_name`.
     """
-    parts = workload.split("/")
-    if len(parts) < 3 or any(not p for p in parts):
-        raise BatchlabError(
-            f"workload {workload!r} is not of the form dataset/model/optimizer (non-empty parts)"
-        )
+    parts = validate_workload_name(workload).split("/")
     return "/".join(parts[:-2]), parts[-2], parts[-1]
 
 
