@@ -129,3 +129,45 @@ def test_analyze_a_steps_table_out_of_range_is_one_line(tmp_path, capsys, text, 
     (tmp_path / "s.csv").write_text(text)
     assert_refused(capsys, tmp_path, "analyze", "critical-batch-size", "--steps-table", tmp_path / "s.csv",
                    fragment=fragment)
+
+
+@pytest.fixture
+def small_store(tmp_path, capsys):
+    """A store of one imported workload (two batch sizes, two trials each) and the directory holding it."""
+    from cli_runner import run
+
+    rows = [f"{W},{b},{t},{s},{0.9 - 0.1 * s / b}" for b in (8, 16) for t in (1, 2) for s in (0, 8, 16, 32)]
+    (tmp_path / "t.csv").write_text("\n".join([TABLE_HEADER, *rows]) + "\n")
+    code, _, err = run(capsys, "import", "table", tmp_path / "t.csv", "--store", tmp_path / "store")
+    assert code == 0, err
+    return tmp_path
+
+
+ANALYZE = ("--workload", W, "--metric", "val/classification_error", "--goal", "0.6")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    # each used to exit 0 (a list item or a name dropped or overridden silently) or give a traceback
+    (("nqm", "sweep", "--batch-sizes", "4,,8"), "--batch-sizes has an empty item"),
+    (("sweep", "mnist/fc_64_64_64", "--optimizer", "sgd", "--trials", "1", "--batch-sizes", "4,,8", "--store", "{d}/s"),
+     "--batch-sizes has an empty item"),
+    (("sweep", "mnist/fc_64_64_64", "--optimizer", "sgd", "--trials", "1", "--batch-sizes", "4,8",
+      "--only-batch-sizes", "4,4", "--store", "{d}/s"), "--only-batch-sizes must be distinct, got 4 more than once"),
+    (("sweep", "mnist/fc_64_64_64", "--optimizer", "sgd", "--trials", "1", "--batch-sizes", "4,8",
+      "--only-optimizers", "sgd,sgd", "--store", "{d}/s"), "--only-optimizers must be distinct, got sgd"),
+    (("train", "mnist/fc_64_64_64", "--optimizer", "sgd", "--batch-size", "4", "--learning-rate", "0.1",
+      "--hparam", "weight_decay=1", "--hparam", "weight_decay=2", "--store", "{d}/s"), "--hparam weight_decay is given twice"),
+    (("analyze", "steps-to-result", "--store", "{d}/store", *ANALYZE, "--max-trials", "99999999999999999999999"),
+     "--max-trials must be a positive integer up to 2^63 - 1"),  # an OverflowError traceback
+    (("analyze", "steps-to-result", "--store", "{d}/store", *ANALYZE, "--step-budget", "99999999999999999999999"),
+     "--step-budget"),  # an OverflowError traceback
+    (("analyze", "critical-batch-size", "--store", "{d}/store", *ANALYZE, "--bootstrap", "99999999999999999999"),
+     "--bootstrap"),  # "Maximum allowed dimension exceeded" traceback
+    (("nqm", "sweep", "--power-law", "1,1", "--dim", "99999999999999", "--batch-sizes", "4"),
+     "needs more memory than this machine has"),  # a MemoryError traceback
+    (("plot", "steps-to-result", "--store", "{d}/store", *ANALYZE, "--out", "{d}/f.png", "--level", "0"),
+     "--level must be in (0, 1)"),  # wrote the figure
+    (("plot", "steps-to-result", "--store", "{d}/store", *ANALYZE, "--out", "{d}/f.png", "--seed", "-1"), "--seed"),
+])
+def test_bad_flag_values_are_one_line_and_write_nothing(small_store, capsys, args, fragment):
+    assert_refused(capsys, small_store, *(a.format(d=small_store) for a in args), fragment=fragment)

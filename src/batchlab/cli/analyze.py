@@ -206,10 +206,11 @@ def critical_batch_size_command(
     study: opt.Studies = None,
     mix_studies: opt.MixStudies = False,
     n_boot: Annotated[int, typer.Option(
-        "--bootstrap", min=1,
-        help="Replicates of trials resampled per batch size (the regime shares, regime_fractions).")] = 1000,
+        "--bootstrap", min=1, max=opt.MAX_BOOTSTRAP,
+        help="Replicates of trials resampled per batch size (the regime shares, regime_fractions; at most "
+             "100,000).")] = 1000,
     level: opt.Level = 0.9,
-    seed: Annotated[int, typer.Option("--seed", help="Bootstrap seed.")] = 0,
+    seed: opt.Seed = 0,
     tolerance: opt.Tolerance = 0.1,
     steps_table: Annotated[Optional[Path], typer.Option(
         "--steps-table", metavar="FILE",

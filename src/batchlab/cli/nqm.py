@@ -71,8 +71,10 @@ def check_tolerance(tolerance: float, name: str) -> float:
 def _batch_sizes(text: str) -> list[float]:
     """``--batch-sizes``: distinct finite numbers > 0, sorted; a repeated one is refused (as ``sweep``
     refuses it), never silently dropped."""
+    if not all(v.strip() for v in text.split(",")):
+        raise BatchlabError(f"--batch-sizes has an empty item in {text!r}; allowed: numbers > 0 separated by single commas")
     try:
-        values = [float(v) for v in text.split(",") if v.strip()]
+        values = [float(v) for v in text.split(",")]
     except ValueError:
         raise BatchlabError(f"--batch-sizes must be comma-separated numbers > 0, got {text!r}") from None
     if not values or any(not 0 < v < float("inf") for v in values):

@@ -50,9 +50,16 @@ MaxTrials = Annotated[str, typer.Option(
          "the paper's first 100 COMPLETE trials (50 for lm1b/lstm, common_crawl/transformer_base and "
          "lm1b/transformer_shallow/sgd) for imported release workloads, refusing a batch size with fewer, "
          "and every trial otherwise (docs/methods.md, \"Trial counts\").")]
-StepBudget = Annotated[Optional[int], typer.Option("--step-budget", min=1, help="Keep measurements with step <= N.")]
+#: The largest step or example count a store can hold (int64): a larger budget or count is refused.
+INT64_MAX = 2**63 - 1
+StepBudget = Annotated[Optional[int], typer.Option(
+    "--step-budget", min=1, max=INT64_MAX, help="Keep measurements with step <= N.")]
 ExampleBudget = Annotated[Optional[int], typer.Option(
-    "--example-budget", min=1, help="Keep measurements with batch_size * step <= N.")]
+    "--example-budget", min=1, max=INT64_MAX, help="Keep measurements with batch_size * step <= N.")]
+#: The most resampling replicates ``--bootstrap`` takes (each one resamples every batch size's trials).
+MAX_BOOTSTRAP = 100_000
+#: ``--seed`` of the resampling commands.
+Seed = Annotated[int, typer.Option("--seed", min=0, max=2**32 - 1, help="Resampling seed (an integer from 0 to 2^32 - 1).")]
 Statuses = Annotated[list[str], typer.Option(
     "--status",
     help="Trial statuses to analyse (repeat to add); default COMPLETE and STOPPED_AT_GOAL (trials stopped at "
@@ -69,6 +76,13 @@ Tolerance = Annotated[float, typer.Option(
     "--tolerance",
     help="Tolerance of the regimes read from the data, in (0, 1) (docs/methods.md, \"Regimes read from the data\").")]
 Level = Annotated[float, typer.Option("--level", help="Interval coverage, in (0, 1).")]
+
+
+def check_level(level: float) -> float:
+    """``--level`` if it lies in (0, 1); BatchlabError (one line) otherwise."""
+    if not 0 < level < 1:
+        raise BatchlabError(f"--level must be in (0, 1), got {level}")
+    return level
 B0 = Annotated[Optional[float], typer.Option(
     "--b0", help="Batch size perfect scaling is measured from (a reached one; default: the smallest reached). "
                  "Give the same B0 to optimizers you compare.")]
@@ -141,7 +155,7 @@ def parse_max_trials(value: Any) -> int | str | None:
     """``--max-trials`` as :class:`~batchlab.analysis.selection.Selection` takes it: a positive int,
     ``"all"``, ``"auto"`` or ``None`` (every trial). BatchlabError (one line) for anything else."""
     if value is None or isinstance(value, int) and not isinstance(value, bool):
-        if value is not None and value < 1:
+        if value is not None and not 1 <= value <= INT64_MAX:
             raise BatchlabError(f"--max-trials must be a positive integer, 'all' or 'auto', got {value!r}")
         return value
     text = str(value).strip().lower()
@@ -151,8 +165,8 @@ def parse_max_trials(value: Any) -> int | str | None:
         number = int(text)
     except ValueError:
         number = 0
-    if number < 1:
-        raise BatchlabError(f"--max-trials must be a positive integer, 'all' or 'auto', got {str(value)!r}")
+    if not 1 <= number <= INT64_MAX:
+        raise BatchlabError(f"--max-trials must be a positive integer up to 2^63 - 1, 'all' or 'auto', got {str(value)!r}")
     return number
 
 
@@ -170,16 +184,23 @@ def parse_studies(values: Any) -> tuple[str, ...] | None:
 
 def parse_csv(value: str | None, flag: str, cast: Any = str) -> list | None:
     """A comma-separated option (``--optimizer sgd,adam``, ``--batch-sizes 16,64``) as a list; ``None``
-    when not given. BatchlabError (one line) for an empty list or an item ``cast`` refuses."""
+    when not given. BatchlabError (one line) for an empty list, an empty item (``4,,8``), an item
+    ``cast`` refuses, or an item given twice (never dropped silently)."""
     if value is None:
         return None
-    items = [v.strip() for v in value.split(",") if v.strip()]
-    if not items:
+    items = [v.strip() for v in value.split(",")]
+    if not any(items):
         raise BatchlabError(f"{flag} needs a comma-separated list, got {value!r}")
+    if not all(items):
+        raise BatchlabError(f"{flag} has an empty item in {value!r}; allowed: items separated by single commas")
     try:
-        return [cast(v) for v in items]
+        values = [cast(v) for v in items]
     except ValueError:
         raise BatchlabError(f"{flag} must be a comma-separated list of integers, got {value!r}") from None
+    repeated = sorted({str(v) for v in values if values.count(v) > 1})
+    if repeated:
+        raise BatchlabError(f"{flag} must be distinct, got {', '.join(repeated)} more than once in {value!r}")
+    return values
 
 
 def store_units(con, workload: str, optimizer: str | None = None, studies: Any = None, mix_studies: bool = False):

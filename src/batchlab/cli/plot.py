@@ -56,12 +56,12 @@ def steps_to_result_plot(
     status: opt.Statuses = opt.DEFAULT_STATUSES,
     fit: opt.Fit = True,
     n_boot: Annotated[int, typer.Option(
-        "--bootstrap", min=0,
+        "--bootstrap", min=0, max=opt.MAX_BOOTSTRAP,
         help="Draw the interval of the steps at each batch size (a one-sided upper bound on the median "
              "best-of-K steps; docs/methods.md, \"Intervals\"), with N resampling replicates (0: no intervals).",
     )] = 0,
     level: opt.Level = 0.9,
-    seed: Annotated[int, typer.Option("--seed", help="Resampling seed (an integer >= 0).")] = 0,
+    seed: opt.Seed = 0,
     tolerance: opt.Tolerance = 0.1,
 ) -> None:
     """Steps to result against batch size (log2 axes): resolution brackets as error bars, unreached
@@ -74,6 +74,7 @@ def steps_to_result_plot(
 
     check_figure_path(out)
     check_tolerance(tolerance, "--tolerance")
+    opt.check_level(level)
 
     def answer(con, selection):
         results = steps_to_unit_result(con, selection)
@@ -281,9 +282,9 @@ def best_measurement_plot(
     studies: opt.Studies = None,
     mix_studies: opt.MixStudies = False,
     step_budgets: Annotated[Optional[list[int]], typer.Option(
-        "--step-budget", min=1, help="A step budget; repeat for each line.")] = None,
+        "--step-budget", min=1, max=opt.INT64_MAX, help="A step budget; repeat for each line.")] = None,
     example_budgets: Annotated[Optional[list[int]], typer.Option(
-        "--example-budget", min=1, help="An example budget; repeat for each line.")] = None,
+        "--example-budget", min=1, max=opt.INT64_MAX, help="An example budget; repeat for each line.")] = None,
     status: opt.Statuses = opt.DEFAULT_STATUSES,
 ) -> None:
     """Best measurement against batch size, one line per budget (give step or example budgets); one

@@ -42,13 +42,15 @@ def _number(text: str) -> int | float:
 
 
 def parse_hparams(items: list[str] | None) -> dict[str, int | float]:
-    """``["name=value", ...]`` -> ``{name: number}``; BatchlabError for a malformed item."""
+    """``["name=value", ...]`` -> ``{name: number}``; BatchlabError for a malformed item or a name given twice."""
     parsed: dict[str, int | float] = {}
     for item in items or []:
         name, sep, text = item.partition("=")
         name = name.strip()
         if not sep or not name:
             raise BatchlabError(f"--hparam expects NAME=VALUE (e.g. --hparam label_smoothing=0.1), got {item!r}")
+        if name in parsed:  # never let the last one win silently
+            raise BatchlabError(f"--hparam {name} is given twice; allowed: each name once")
         try:
             parsed[name] = _number(text.strip())
         except ValueError:

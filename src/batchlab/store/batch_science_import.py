@@ -676,9 +676,14 @@ def import_batch_science(
             else _count_rows(store, files)
         )
     except BaseException:
+        # the files this import wrote and no commit names (read once, unverified: a check of a damaged
+        # store raising here would hide the error and leave the files behind)
+        from batchlab.store.log import read_state
+
+        live = read_state(store.root).all_files()
         for o in outputs:
             for rel in o.files:
-                if rel not in store.state().all_files():
+                if rel not in live:
                     (store.root / rel).unlink(missing_ok=True)
         raise
     report.seconds = time.perf_counter() - start
