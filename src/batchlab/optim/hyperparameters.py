@@ -14,10 +14,10 @@ A default of ``None`` means "off".
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
 from batchlab.errors import BatchlabError, unknown_name_error
+from batchlab.finite import finite_real
 
 
 @dataclass(frozen=True)
@@ -118,21 +118,10 @@ def resolve_hyperparameters(name: str, hyperparameters: dict | None) -> dict:
     return resolved
 
 
-def _finite_real(value: object) -> bool:
-    """Whether ``value`` is a real number (not a bool) with a finite float value; an integer beyond the
-    float range (``10**400``) is not (``float`` of it would raise OverflowError)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return False
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:
-        return False
-
-
 def _checked_value(key: str, value: object, rule: Rule, may_be_off: bool) -> float | int | None:
     if value is None and may_be_off:
         return None
-    if not _finite_real(value):
+    if not finite_real(value):
         allowed = rule.describe() + (" or null (off)" if may_be_off else "")
         raise BatchlabError(f"hyperparameter {key} must be {allowed}, got {value!r}")
     number = float(value)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from batchlab.errors import BatchlabError
+from batchlab.finite import finite_real
 
 TYPES = ("DOUBLE", "INTEGER", "DISCRETE")
 SCALES = ("LINEAR", "LOG", "REVERSE_LOG")
@@ -55,18 +56,8 @@ def _canonical_scale(name: str, scale: object) -> str:
     return short
 
 
-def _finite(value: object) -> bool:
-    """Whether ``value`` is a real number (not a bool) that is finite as a float (10**400 is not)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return False
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:
-        return False
-
-
 def _real(name: str, field: str, value: object) -> float:
-    if not _finite(value):
+    if not finite_real(value):
         raise BatchlabError(f"parameter {name!r}: {field} must be a finite number, got {value!r:.40}")
     return float(value)
 
@@ -165,7 +156,7 @@ class Parameter:
             points = config.get("feasible_points")
             if isinstance(points, (str, bytes)) or not isinstance(points, Sequence) or len(points) == 0:
                 raise BatchlabError(f"parameter {name!r}: DISCRETE needs a non-empty list feasible_points, got {points!r}")
-            bad = [p for p in points if p is not None and not _finite(p)]
+            bad = [p for p in points if p is not None and not finite_real(p)]
             if bad:
                 raise BatchlabError(f"parameter {name!r}: feasible_points must be finite numbers (or null: off), "
                                     f"got {bad[0]!r:.40}")

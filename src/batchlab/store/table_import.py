@@ -43,6 +43,7 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -50,6 +51,9 @@ import pyarrow.compute as pc
 
 from batchlab.errors import BatchlabError, not_utf8_reason, one_line, printable
 from batchlab.store.schema import INT64_MAX, SCHEMAS, STATUSES, split_workload
+
+if TYPE_CHECKING:  # annotations only: pandas is imported where a table is converted
+    import pandas as pd
 from batchlab.store.store import Store
 from batchlab.store.studies import make_study_definition, study_id
 from batchlab.store.writer import study_row

@@ -1,0 +1,20 @@
+"""Whether a value is a usable finite number: the one check the validations of hyperparameters and search
+spaces share (``math.isfinite(float(v))`` alone raises OverflowError for an int beyond the float range)."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+__all__ = ["finite_real"]
+
+
+def finite_real(value: object) -> bool:
+    """Whether ``value`` is a real number (not a bool) whose float value is finite; an integer beyond the
+    float range (``10**400``) is not."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
