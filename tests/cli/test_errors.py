@@ -158,7 +158,7 @@ ANALYZE = ("--workload", W, "--metric", "val/classification_error", "--goal", "0
     (("train", "mnist/fc_64_64_64", "--optimizer", "sgd", "--batch-size", "4", "--learning-rate", "0.1",
       "--hparam", "weight_decay=1", "--hparam", "weight_decay=2", "--store", "{d}/s"), "--hparam weight_decay is given twice"),
     (("analyze", "steps-to-result", "--store", "{d}/store", *ANALYZE, "--max-trials", "99999999999999999999999"),
-     "--max-trials must be a positive integer up to 2^63 - 1"),  # an OverflowError traceback
+     "--max-trials must be a positive integer, 'all' or 'auto' (at most 2^63 - 1)"),  # an OverflowError traceback
     (("analyze", "steps-to-result", "--store", "{d}/store", *ANALYZE, "--step-budget", "99999999999999999999999"),
      "--step-budget"),  # an OverflowError traceback
     (("analyze", "critical-batch-size", "--store", "{d}/store", *ANALYZE, "--bootstrap", "99999999999999999999"),
@@ -167,7 +167,7 @@ ANALYZE = ("--workload", W, "--metric", "val/classification_error", "--goal", "0
      "needs more memory than this machine has"),  # a MemoryError traceback
     (("plot", "steps-to-result", "--store", "{d}/store", *ANALYZE, "--out", "{d}/f.png", "--level", "0"),
      "--level must be in (0, 1)"),  # wrote the figure
-    (("plot", "steps-to-result", "--store", "{d}/store", *ANALYZE, "--out", "{d}/f.png", "--seed", "-1"), "--seed"),
+    (("plot", "steps-to-result", "--store", "{d}/store", *ANALYZE, "--out", "{d}/f.png", "--seed", "-1"), "seed must be an integer >= 0, got -1"),
 ])
 def test_bad_flag_values_are_one_line_and_write_nothing(small_store, capsys, args, fragment):
     assert_refused(capsys, small_store, *(a.format(d=small_store) for a in args), fragment=fragment)

@@ -58,8 +58,8 @@ ExampleBudget = Annotated[Optional[int], typer.Option(
     "--example-budget", min=1, max=INT64_MAX, help="Keep measurements with batch_size * step <= N.")]
 #: The most resampling replicates ``--bootstrap`` takes (each one resamples every batch size's trials).
 MAX_BOOTSTRAP = 100_000
-#: ``--seed`` of the resampling commands.
-Seed = Annotated[int, typer.Option("--seed", min=0, max=2**32 - 1, help="Resampling seed (an integer from 0 to 2^32 - 1).")]
+#: ``--seed`` of the resampling commands (checked by :func:`check_seed`, used or not).
+Seed = Annotated[int, typer.Option("--seed", help="Resampling seed (an integer >= 0).")]
 Statuses = Annotated[list[str], typer.Option(
     "--status",
     help="Trial statuses to analyse (repeat to add); default COMPLETE and STOPPED_AT_GOAL (trials stopped at "
@@ -76,6 +76,13 @@ Tolerance = Annotated[float, typer.Option(
     "--tolerance",
     help="Tolerance of the regimes read from the data, in (0, 1) (docs/methods.md, \"Regimes read from the data\").")]
 Level = Annotated[float, typer.Option("--level", help="Interval coverage, in (0, 1).")]
+
+
+def check_seed(seed: int) -> int:
+    """``--seed`` if it is >= 0; BatchlabError (one line) otherwise, also where no resampling uses it."""
+    if seed < 0:
+        raise BatchlabError(f"seed must be an integer >= 0, got {seed}")
+    return seed
 
 
 def check_level(level: float) -> float:
@@ -166,7 +173,7 @@ def parse_max_trials(value: Any) -> int | str | None:
     except ValueError:
         number = 0
     if not 1 <= number <= INT64_MAX:
-        raise BatchlabError(f"--max-trials must be a positive integer up to 2^63 - 1, 'all' or 'auto', got {str(value)!r}")
+        raise BatchlabError(f"--max-trials must be a positive integer, 'all' or 'auto' (at most 2^63 - 1), got {str(value)!r}")
     return number
 
 

@@ -75,6 +75,7 @@ def steps_to_result_plot(
     check_figure_path(out)
     check_tolerance(tolerance, "--tolerance")
     opt.check_level(level)
+    opt.check_seed(seed)
 
     def answer(con, selection):
         results = steps_to_unit_result(con, selection)
