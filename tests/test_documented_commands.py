@@ -56,8 +56,6 @@ SMALL = {
         ("predict mnist/fc_64_64_64 --optimizer sgd --store demo/store",
          "predict examples/regression_mlp.py:workload --optimizer sgd --store demo/store",
          "predict against the store the test swept (the regression example; demo/store is `make demo`'s)"),
-        ("--store runs/fc128_race", "--store demo/store",
-         "the report of a store the test swept (the regression example) instead of a 15-batch-size MNIST sweep"),
         ("--steps 3000 --stop-at-goal", "--steps 20 --stop-at-goal", "train: 20 steps"),
         ("--batch-size 64 --trials 20 --store mystore", "--batch-size 64 --trials 2 --steps 20 --store mystore",
          "study: 2 trials of 20 steps"),
