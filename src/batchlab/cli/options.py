@@ -131,7 +131,7 @@ Workload = Annotated[str, typer.Argument(help=WORKLOAD_HELP, metavar="WORKLOAD")
 Device = Annotated[str, typer.Option(
     "--device", metavar="auto|cpu|cuda|cuda:N|mps",
     help="Where trials train: auto (default: a GPU when one is present, else cpu; a sweep's pool then runs one "
-         "worker per GPU), cpu, cuda, cuda:N or mps. Results are bitwise reproducible on CPU (docs/methods.md).")]
+         "worker per GPU), cpu, cuda, cuda:N or mps. Results are bitwise reproducible only on one machine, torch build and CPU capability (docs/methods.md, \"Devices and reproducibility\").")]
 Optimizer = Annotated[str, typer.Option("--optimizer", help="Optimizer name (see batchlab optimizers).")]
 BatchSize = Annotated[int, typer.Option("--batch-size", help="Examples per update.")]
 Steps = Annotated[Optional[int], typer.Option("--steps", help="Step budget (default: the workload's).")]

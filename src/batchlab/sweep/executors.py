@@ -401,8 +401,9 @@ def make_executor(fn: Callable[[Any], Any], *, workers: int, dask: bool = False,
     docstring).
 
     Reproducibility: a trial's measurements do not depend on the executor, the worker or the number
-    of workers (each trial is a pure function of its spec). They are bitwise reproducible on the same
-    device type with the same torch build: always on CPU; on CUDA only with deterministic algorithms
+    of workers (each trial is a pure function of its spec and of its computation path). They are bitwise
+    reproducible on the same machine with the same torch build: on CPU with the same CPU capability and
+    thread count (docs/methods.md, "Devices and reproducibility"); on CUDA only with deterministic algorithms
     (``torch.use_deterministic_algorithms(True)``, ``CUBLAS_WORKSPACE_CONFIG=:4096:8``), and then also
     across GPUs of one model. Across device types (CPU, CUDA, MPS) they differ: the batches and initial
     weights are the same, the floating-point arithmetic is not (docs/internals.md, "Devices").

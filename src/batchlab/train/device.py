@@ -11,8 +11,9 @@ is moved there once, a ``torch.utils.data.Dataset``'s batches one by one) and ev
 on the CPU: the batch sampler (:mod:`batchlab.train.sampling`) and the random stream that orders the
 data, so every device trains on the same batches in the same order.
 
-Reproducibility (docs/internals.md, "Devices"): on one device type with one torch build, a trial's
-measurements are bitwise reproducible on CPU; on CUDA only with deterministic algorithms
+Reproducibility (docs/internals.md, "Devices"; docs/methods.md, "Devices and reproducibility"): with one
+torch build, a trial's measurements are bitwise reproducible on one CPU machine with the same CPU
+capability and thread count; on CUDA only with deterministic algorithms
 (``torch.use_deterministic_algorithms(True)`` and ``CUBLAS_WORKSPACE_CONFIG=:4096:8``), since some
 CUDA kernels (atomics in reductions, cuBLAS split-K) add in a varying order. Across device types
 (CPU vs GPU) results differ in the last bits and, through chaotic training, more: the batches and
