@@ -560,7 +560,7 @@ def test_pays_cache_follows_the_workload_key_and_the_model(monkeypatch):
 def test_driver_does_not_vectorize_what_the_worker_never_would():
     from batchlab.sweep.config import SweepConfig
     from batchlab.sweep.plan import StudyPlan
-    from batchlab.sweep.runner import should_vectorize
+    from batchlab.sweep.vectorize_plan import should_vectorize
 
     def study(workload, device_type="cpu"):
         return StudyPlan(workload=workload, optimizer="momentum", batch_size=16, steps=10, trials=4, seed=0,

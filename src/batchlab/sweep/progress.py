@@ -10,7 +10,7 @@ goal, the regime read from the data, the study id) and the S(B) fit with the cri
 (every named definition of :data:`batchlab.analysis.critical_batch_size.REGISTRY`; data-read regimes
 with their reasons). Tables never cut a cell (:func:`batchlab.cli.output.print_table`). Counts on a
 resumed sweep include the trials finished before, once. Every number comes from this sweep's own
-trials only (:func:`batchlab.sweep.runner.summarize`).
+trials only (:func:`batchlab.sweep.summary.summarize`).
 
 :class:`JsonReporter` prints one JSON object per line on stdout instead (non-finite numbers as
 ``null``): ``plan``, ``trial`` (a trial this driver ran), ``trials_by_others`` (trials of the sweep

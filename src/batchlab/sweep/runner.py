@@ -32,21 +32,8 @@ name or a reference that workers re-import); a workload registered only in this 
 imported by pool or Dask workers, and :func:`run_sweep` refuses it (one line) unless an
 ``executor_factory`` that runs in this process (``InlineExecutor``) is given.
 
-The vectorization rule: a study runs its trials K at a time (``vectorize_trials``) as one batched
-computation when its optimizer is vectorizable (sgd, momentum, nesterov, adam), no trial uses
-``ema_decay`` or a differing ``label_smoothing``, and ``vectorize`` is ``"always"``, or ``"auto"``
-and the worker measures that it is exact and pays
-(:func:`batchlab.sweep.vectorize_choice.vectorization_pays`: a self-check finds the vectorized trials
-bit-identical to sequential ones on this machine, and a few steps and one evaluation batch of both
-paths timed on copies find it cheaper; cached per kind of task), so ``auto`` never changes a result:
-where the check finds a difference the trials run one at a time. Under ``auto`` on the CPU only
-fully connected models, the only ones that can pass the check, go to workers as vectorized tasks.
-``"always"`` forces the vectorized path; :func:`prepare_sweep` runs the same self-check in the
-driver (one torch thread, as the workers run) on each such study's first ``vectorize_trials``
-trials, and where it finds a difference the study's definition records it
-(:data:`batchlab.sweep.plan.INEXACT_VECTORIZED`: its own study id, never pooled with sequential
-trials) and :attr:`SweepPlan.warnings` says so in one line, which the reporters print on stderr
-(:func:`mark_inexact_vectorization`). K shrinks so that every worker gets a task (except for raced
+Which studies run vectorized, and how a forced vectorization that is not exact is recorded:
+:mod:`batchlab.sweep.vectorize_plan`. K shrinks so that every worker gets a task (except for raced
 studies). A raced study's trials run one chunk after another (one trial, or one
 vectorized group of ``vectorize_trials``), each chunk submitted once the one before is published and
 racing the study's published trials, so an interrupted sweep keeps every trial it finished.
@@ -65,8 +52,9 @@ from batchlab.errors import BatchlabError
 from batchlab.sweep.budget import ran_out_of_steps
 from batchlab.sweep.config import SweepConfig
 from batchlab.sweep.plan import StudyPlan, TrialTask, make_tasks, plan_studies
-from batchlab.sweep.worker import TrialOutcome, measurement_triples, run_task, trial_spec
-
+from batchlab.sweep.summary import SweepSummary, analysis_goal, summarize
+from batchlab.sweep.vectorize_plan import mark_inexact_vectorization, should_vectorize
+from batchlab.sweep.worker import TrialOutcome, measurement_triples, run_task
 
 
 @dataclass
@@ -141,32 +129,6 @@ class Reporter:
     def budget_grown(self, old: StudyPlan, new: StudyPlan) -> None: ...
     def finish(self, summary: "SweepSummary") -> None: ...
     def close(self) -> None: ...
-
-
-@dataclass
-class SweepSummary:
-    """The end of a sweep: per workload, steps to result per batch size and the fitted critical batch sizes."""
-
-    store_path: str
-    wall_time_s: float
-    trials_run: int
-    trials_skipped: int
-    workers_lost: int
-    grown: list[dict]
-    results: dict[str, list]  # store workload -> list[BatchSizeResult]
-    fits: dict[str, dict | None]  # store workload -> summarize_curve(...) or None
-    fit_errors: dict[str, str]
-    executor: str
-    workers: int
-    goals: dict[str, dict] = field(default_factory=dict)  # store workload -> {metric, goal, maximize}
-    sweep_id: str = ""
-    # store workload -> batch size -> [{"budget_round", "steps", "study_id", "trials", "reported"}] of the
-    # rounds run; "reported": the round whose trials the table uses (the last one)
-    studies: dict[str, dict[int, list[dict]]] = field(default_factory=dict)
-    # store workload -> batch size -> {status: trials} of the reported round (all statuses, published trials)
-    statuses: dict[str, dict[int, dict[str, int]]] = field(default_factory=dict)
-    # trials of the sweep that other drivers ran and published while this one ran (sweep.claims)
-    trials_by_others: int = 0
 
 
 def part_of(plan: SweepPlan, batch_sizes=None, optimizers=None) -> SweepPlan:
@@ -255,46 +217,6 @@ def prepare_sweep(config: SweepConfig, store_path: str | None = None) -> SweepPl
                      warnings=warnings)
 
 
-def mark_inexact_vectorization(config: SweepConfig, studies: list[StudyPlan]) -> tuple[list[StudyPlan], list[str]]:
-    """``studies``, those whose trials ``vectorize = "always"`` forces vectorized although they are not
-    bit-identical to sequential trials on this machine marked ``inexact_vectorized`` (their definitions
-    record it, :data:`batchlab.sweep.plan.INEXACT_VECTORIZED`), and the warnings saying so (one line
-    naming them; none when every study is identical, or ``vectorize`` is not ``"always"``).
-
-    Per study that goes to workers vectorized (:func:`should_vectorize`): the exactness self-check
-    (:func:`batchlab.sweep.vectorize_choice.vectorized_identical`) on its first ``vectorize_trials``
-    trials (every stack size the run can reach as trials stop, up to a bound), with one torch thread
-    as in the workers; a few seconds per study (its trials are built and trained a few steps). Trials
-    that cannot run vectorized (the worker runs them one at a time) are not marked. On the driver's
-    machine: a Dask worker on another machine may differ, which the definition cannot record.
-    """
-    if config.vectorize != "always":
-        return studies, []
-    from batchlab.sweep.vectorize_choice import vectorized_identical
-    from batchlab.sweep.vectorized import NotVectorizable
-
-    marked, inexact = [], {}
-    for study in studies:
-        if should_vectorize(config, study, 0):
-            k = min(config.vectorize_trials, study.trials)
-            task = TrialTask(study, tuple(study.trial_plans()[:k]), True, k)
-            try:
-                identical = vectorized_identical([trial_spec(task, i) for i in range(k)], threads=1)
-            except NotVectorizable:  # the worker runs these trials one at a time
-                identical = True
-            if not identical:
-                study = replace(study, inexact_vectorized=True)
-                inexact.setdefault(study.store_workload, []).append(str(study.batch_size))
-        marked.append(study)
-    if not inexact:
-        return marked, []
-    where = "; ".join(f"{workload} at batch sizes {', '.join(sizes)}" for workload, sizes in inexact.items())
-    warning = (f'vectorize = "always": on this machine vectorized trials are not bit-identical to sequential '
-               f'ones ({where}); they run vectorized, as their own studies (the study definition records '
-               f'"vectorized": {{"bit_identical_to_sequential": false}}), never pooled with sequential trials')
-    return marked, [warning]
-
-
 def check_workers_can_import(config: SweepConfig) -> None:
     """BatchlabError (one line) when a workload of ``config`` cannot be re-imported by pool or Dask
     workers: one registered only in this process (no reference, not an entry point)."""
@@ -345,31 +267,6 @@ def _allocate_ids(path: str, studies: list[StudyPlan]) -> dict[tuple[str, int, i
               for s in studies]
     firsts = allocate_ids(wanted, held)
     return {(s.store_workload, s.batch_size, s.budget_round): f for s, f in zip(studies, firsts)}
-
-
-def should_vectorize(config: SweepConfig, study: StudyPlan, num_parameters: int) -> bool:
-    """Whether ``study``'s trials go to workers as vectorized tasks (the rule in the module docstring;
-    under ``vectorize = "auto"`` the worker still measures whether it pays).
-
-    Under ``"auto"`` a study the worker could never choose to vectorize stays one trial per task (so
-    the work splits across workers, and a lost worker re-runs one trial): on the CPU
-    (``study.device_type``) only an MLP's trials can be chosen (the exact fused path:
-    :func:`batchlab.sweep.vectorize_choice.vectorization_pays`), so a workload whose model is not one
-    (:func:`batchlab.sweep.fused_mlp.mlp_workload`, built once per workload key) is not vectorized."""
-    from batchlab.optim import get_optimizer
-
-    if config.vectorize == "never" or study.trials < 2 or get_optimizer(study.optimizer).vectorized is None:
-        return False
-    points = study.points
-    if any(p.get("ema_decay") is not None for p in points):
-        return False
-    if len({float(p.get("label_smoothing") or 0.0) for p in points}) > 1:
-        return False
-    if config.vectorize == "auto" and study.device_type == "cpu":
-        from batchlab.sweep.fused_mlp import mlp_workload
-
-        return mlp_workload(study.workload)  # the worker decides by measured cost (TrialTask.choose)
-    return True  # "always"; with "auto" on an accelerator the worker decides by measured cost
 
 
 def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
@@ -627,11 +524,6 @@ def _publish(store, task: TrialTask, outcomes: list[TrialOutcome]) -> None:
     publish_trials(store, records)
 
 
-def analysis_goal(config: SweepConfig, study: StudyPlan) -> float:
-    """The goal of the steps-to-result table and the growth rule: ``config.goal``, else the workload's."""
-    return float(config.goal) if config.goal is not None else study.goal
-
-
 def _outcomes_by_key(store, study: StudyPlan, keys: list[str], goal: float) -> dict[str, tuple[str, int | None]]:
     """``{trial_key: (status, first step beating the goal or None)}`` for published ``keys``."""
     import pyarrow as pa
@@ -654,102 +546,3 @@ def _outcomes_by_key(store, study: StudyPlan, keys: list[str], goal: float) -> d
     finally:
         con.close()
     return {key: (status, None if first is None else int(first)) for key, status, first in rows}
-
-
-def summarize(store, plan: SweepPlan, wall_time_s: float, counters: dict, grown: list[dict], executor: str,
-              workers: int, studies: list[StudyPlan] | None = None) -> SweepSummary:
-    """Steps to result per batch size and the S(B) fits, from this sweep's own trials only.
-
-    ``studies``: the study rounds the sweep ran (default: round 0 of every study). At each batch size
-    the last round run (the largest budget; round 0 unless the budget grew) is reported: only its
-    planned trials enter the table (analysis.steps_to_result over a view of the store restricted to
-    their trial keys), so every row rests on one study definition, and trials of other sweeps,
-    ``batchlab train`` runs or imports at the same workload and batch size never enter. Statuses
-    analysed: COMPLETE, STOPPED_AT_GOAL and RACED (docs/methods.md, "Racing in the analysis").
-    """
-    from batchlab.analysis.steps_to_result import steps_to_result
-    from batchlab.analysis.tables import DEFAULT_STATUSES as statuses  # COMPLETE, STOPPED_AT_GOAL, RACED
-
-    studies = list(plan.studies) if studies is None else list(studies)
-    reported: dict[tuple[str, int], StudyPlan] = {}  # the last budget round run at each batch size
-    for s in studies:
-        place = (s.store_workload, s.batch_size)
-        if place not in reported or s.budget_round > reported[place].budget_round:
-            reported[place] = s
-    keys = [t.key for s in reported.values() for t in s.trial_plans()]
-    per_study: dict[str, dict[int, list[dict]]] = {}
-    for s in sorted(studies, key=lambda s: (s.batch_size, s.budget_round)):
-        per_study.setdefault(s.store_workload, {}).setdefault(s.batch_size, []).append(
-            {"budget_round": s.budget_round, "steps": s.steps, "study_id": s.digest, "trials": s.trials,
-             "reported": reported[(s.store_workload, s.batch_size)] is s})
-    results, fits, errors, goals = {}, {}, {}, {}
-    con = store.connect()
-    try:
-        # This sweep's trials only: ``trials`` becomes a view of the planned keys.
-        _restrict_to_sweep(con, keys, [s.digest for s in reported.values()])
-        counts: dict[str, dict[int, dict[str, int]]] = {}
-        for workload, batch_size, status, n in con.execute(
-                "SELECT workload, batch_size, status, count(*) FROM trials GROUP BY ALL ORDER BY ALL").fetchall():
-            counts.setdefault(workload, {}).setdefault(int(batch_size), {})[status] = int(n)
-        seen = set()
-        for study in plan.studies:
-            if study.store_workload in seen:
-                continue
-            seen.add(study.store_workload)
-            goal = analysis_goal(plan.config, study)
-            goals[study.store_workload] = {"metric": study.metric, "goal": goal, "maximize": study.maximize}
-            rows = steps_to_result(con, study.store_workload, study.metric, goal, maximize=study.maximize,
-                                   statuses=statuses)
-            wanted = set(plan.config.batch_sizes)
-            rows = [r for r in rows if r.batch_size in wanted]
-            results[study.store_workload] = rows
-            try:
-                fits[study.store_workload] = _fit_summary(con, study, goal, rows, statuses)
-            except BatchlabError as exc:
-                fits[study.store_workload] = None
-                errors[study.store_workload] = str(exc)
-    finally:
-        con.close()
-    return SweepSummary(
-        store_path=plan.store_path, wall_time_s=wall_time_s, trials_run=counters["run"],
-        trials_skipped=counters["skipped"], workers_lost=counters["lost"], grown=grown, results=results,
-        fits=fits, fit_errors=errors, executor=executor, workers=workers, goals=goals, sweep_id=plan.sweep_id,
-        studies=per_study, statuses=counts, trials_by_others=counters.get("others", 0),
-    )
-
-
-#: Trial-resampling replicates behind the regime shares of a sweep's summary (its intervals do not resample).
-SUMMARY_BOOT = 200
-
-
-def _restrict_to_sweep(con, keys: list[str], study_ids: list[str]) -> None:
-    """Make the ``trials`` view of ``con`` show only ``keys``, and ``studies`` only ``study_ids``."""
-    import pyarrow as pa
-
-    from batchlab.analysis.tables import view_columns
-
-    con.register("_sweep_keys", pa.table({"trial_key": pa.array(keys, pa.string())}))
-    con.execute("ALTER VIEW trials RENAME TO _store_trials")
-    con.execute("CREATE VIEW trials AS SELECT t.* FROM _store_trials AS t SEMI JOIN _sweep_keys USING (trial_key)")
-    columns = view_columns(con, "studies")
-    con.execute("ALTER VIEW studies RENAME TO _store_studies")
-    if "study_id" in columns:
-        con.register("_sweep_studies", pa.table({"study_id": pa.array(study_ids, pa.string())}))
-        con.execute("CREATE VIEW studies AS SELECT s.* FROM _store_studies AS s SEMI JOIN _sweep_studies USING (study_id)")
-    else:  # a store without study ids: the studies of the sweep's trials
-        con.execute("CREATE VIEW studies AS SELECT s.* FROM _store_studies AS s SEMI JOIN "
-                    "(SELECT DISTINCT workload, batch_size FROM trials) USING (workload, batch_size)")
-
-
-def _fit_summary(con, study: StudyPlan, goal: float, rows: list, statuses: tuple[str, ...]) -> dict:
-    """The S(B) fit of the sweep's rows: the censored, bracket-weighted fit, data-read regimes and
-    intervals with their targets (analysis.bootstrap.critical_batch_size_with_intervals)."""
-    from batchlab.analysis.bootstrap import critical_batch_size_with_intervals
-    from batchlab.analysis.selection import Selection
-
-    censored = [r.batch_size for r in rows if r.steps is None and r.censored_at is not None]
-    selection = Selection(workload=study.store_workload, metric=study.metric, goal=goal,
-                          maximize=study.maximize, statuses=statuses)
-    out = critical_batch_size_with_intervals(con, selection, n_boot=SUMMARY_BOOT, seed=0).to_dict()
-    out.setdefault("censored_batch_sizes", censored)
-    return out

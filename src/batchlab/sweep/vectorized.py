@@ -62,7 +62,7 @@ Whether vectorizing pays is measured, not assumed
 both paths are timed on copies, and the cheaper per trial wins, only where the self-check found the
 vectorized results equal to the sequential ones, to the bit, on this machine, so that the choice never
 changes a result (``vectorize = "always"`` forces the vectorized path, exact or not; the sweep then
-records a difference in the study definition: :func:`batchlab.sweep.runner.mark_inexact_vectorization`).
+records a difference in the study definition: :func:`batchlab.sweep.vectorize_plan.mark_inexact_vectorization`).
 
 Supported: optimizers whose registry entry has a ``vectorized`` update
 (:func:`batchlab.optim.vectorized_optimizer_names`: sgd, momentum, nesterov, adam); any
