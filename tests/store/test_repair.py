@@ -107,6 +107,36 @@ def test_a_log_entry_that_is_not_json_is_restored_from_its_copy(tmp_path):
     assert (store.root / QUARANTINE_DIR / LOG_DIR / entry_name(2)).read_text() == "{not json"
 
 
+def test_a_log_entry_of_another_shape_is_damage_and_restored_from_its_copy(tmp_path):
+    # valid JSON that is no log entry ("add" not {table: [file, ...]}) used to reach the log replay
+    # and end every command in a TypeError traceback
+    store = three_commits(tmp_path)
+    before = _snapshot(store)
+    (store.root / LOG_DIR / entry_name(2)).write_text('{"seq": 2, "add": 5}')
+    with pytest.raises(BatchlabError, match="log entry 000000000002.json is not a log entry"):
+        store.state()
+    assert [a.kind for a in repair(store.root)] == ["restore"]
+    assert _snapshot(store) == before
+
+
+def test_a_copy_of_another_shape_is_not_restored_and_nothing_is_lost(tmp_path):
+    # a deleted entry whose copy has malformed records or file lists cannot verify its files: the gap
+    # is filled and the files quarantined (it used to be "restored" and crash the replay)
+    store = three_commits(tmp_path)
+    copy = store.root / LOG_COPY_DIR / entry_name(3)
+    entry = json.loads(copy.read_bytes())
+    entry["files"] = {name: 5 for name in entry["files"]}
+    copy.write_text(json.dumps(entry))
+    (store.root / LOG_DIR / entry_name(3)).unlink()
+    with pytest.raises(StoreDamaged, match="log entry log/000000000003.json is missing"):
+        store.state()
+    files = every_file(store.root)
+    assert [a.kind for a in repair(store.root)] == ["fill"]
+    assert len(rows(store, "trials")) == 16
+    kept = set(every_file(store.root).values())
+    assert all(content in kept for name, content in files.items() if name.endswith(".parquet"))  # moved, not deleted
+
+
 def test_a_store_from_before_records_opens_and_repair_records_it(tmp_path):
     store = three_commits(tmp_path)
     before = _snapshot(store)

@@ -131,18 +131,19 @@ def power_law(a: float, b: float, dimension: int, name: str | None = None) -> Pr
     for label, value in (("a", a), ("b", b)):
         if not np.isfinite(value) or value < 0:
             raise BatchlabError(f"power law: exponent {label} must be a finite number >= 0, got {value}")
-    try:
+    try:  # only the allocations: Problem's own checks keep their messages
         i = np.arange(1, dimension + 1, dtype=float)
-        return Problem(
-            curvature=i**-a,
-            noise=i**-b,
-            counts=np.ones(dimension),
-            initial_second_moment=np.ones(dimension),
-            name=name or f"power-law a={a:g} b={b:g} D={dimension}",
-        )
+        ones = np.ones(dimension)
     except (MemoryError, ValueError) as exc:  # numpy refuses an array this large, or cannot allocate it
         raise BatchlabError(f"power law: dimension {dimension} needs more memory than this machine has ({exc}); "
                             "use a smaller --dim or a binned --spectrum") from None
+    return Problem(
+        curvature=i**-a,
+        noise=i**-b,
+        counts=ones,
+        initial_second_moment=ones.copy(),
+        name=name or f"power-law a={a:g} b={b:g} D={dimension}",
+    )
 
 
 def from_eigenvalues(eigenvalues, noise=None, name: str = "spectrum") -> Problem:

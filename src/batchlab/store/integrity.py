@@ -65,6 +65,7 @@ from batchlab.store.log import (
     entry_name,
     list_entries,
     missing_entries,
+    well_formed,
     read_state,
     state_from_entries,
     write_log_copy,
@@ -243,13 +244,13 @@ def _load_json(path: Path) -> dict | None:
         value = json.loads(path.read_bytes())
     except (OSError, ValueError):
         return None
-    return value if isinstance(value, dict) else None
+    return value if well_formed(value) else None
 
 
 def _entry_files(entry: dict) -> list[str]:
     """Every data file ``entry`` adds (a checkpoint: every file of its state)."""
     source = entry.get("checkpoint") or entry.get("add") or {}
-    return [f for fs in source.values() for f in fs] if isinstance(source, dict) else []
+    return [f for fs in source.values() for f in fs]
 
 
 def _trial_rows(root: Path, files: list[str]) -> int:
@@ -395,7 +396,7 @@ def repair(root: Path, *, dry_run: bool = False) -> list[RepairAction]:
             if action.kind not in ("restore", "fill"):
                 continue
             name = f"{LOG_DIR}/{entry_name(action.seq)}"
-            _quarantine(root, _moves(root, [name], "the log entry is not valid JSON"))  # a damaged entry
+            _quarantine(root, _moves(root, [name], "the log entry is not valid JSON or not a log entry"))  # a damaged entry
             if action.kind == "restore":
                 write_bytes_atomic(root / name, (root / LOG_COPY_DIR / entry_name(action.seq)).read_bytes())
                 fsync_directory(root / LOG_DIR)

@@ -43,7 +43,7 @@ from batchlab.store.schema import DATA_DIR, LOCK_FILE, LOG_DIR, TABLES
 
 __all__ = [
     "CommitPlan", "StoreState", "LOG_COPY_DIR", "commit", "entry_name", "list_entries", "missing_entries",
-    "read_state", "state_from_entries", "write_log_copy",
+    "read_state", "state_from_entries", "well_formed", "write_log_copy",
 ]
 
 #: The directory, relative to the store, of the copies of the log entries (one per entry, same name).
@@ -129,6 +129,25 @@ _ENTRY_CACHE_LIMIT = 100_000
 _ENTRY_CACHE_LOCK = threading.Lock()
 
 
+def _file_lists(value: object) -> bool:
+    """Whether ``value`` is ``{table: [file, ...]}`` (a known table, file names as strings)."""
+    return isinstance(value, dict) and all(
+        t in TABLES and isinstance(fs, list) and all(isinstance(f, str) for f in fs) for t, fs in value.items())
+
+
+def well_formed(entry: object) -> bool:
+    """Whether ``entry`` has the shape of a log entry (module docstring): an integer ``seq``, ``add``
+    and ``checkpoint`` as ``{table: [file, ...]}``, ``remove`` a list of files, ``files`` records as
+    objects. Valid JSON of another shape is damage, as bad JSON is."""
+    if not isinstance(entry, dict) or isinstance(entry.get("seq"), bool) or not isinstance(entry.get("seq"), int):
+        return False
+    if any(k in entry and not _file_lists(entry[k]) for k in ("add", "checkpoint")):
+        return False
+    remove, files = entry.get("remove", []), entry.get("files", {})
+    return (isinstance(remove, list) and all(isinstance(f, str) for f in remove)
+            and isinstance(files, dict) and all(isinstance(r, dict) for r in files.values()))
+
+
 def _read_entry(path: Path) -> dict:
     """The parsed log entry at ``path`` (from this process's cache when this very file was read)."""
     info = os.stat(path)
@@ -137,9 +156,12 @@ def _read_entry(path: Path) -> dict:
     if entry is None:
         try:
             entry = json.loads(path.read_bytes())
+            damage = None if well_formed(entry) else "is not a log entry (valid JSON of another shape)"
         except ValueError:  # bad JSON or bad UTF-8: entries are written atomically, so this is damage
+            damage = "is not valid JSON"
+        if damage is not None:
             root = path.parent.parent
-            raise BatchlabError(f"store {root} is damaged: log entry {path.name} is not valid JSON; "
+            raise BatchlabError(f"store {root} is damaged: log entry {path.name} {damage}; "
                                 f"`batchlab store repair --store {root}` restores it from its copy in "
                                 f"{LOG_COPY_DIR}/ if that verifies (--dry-run says what it would do)") from None
         with _ENTRY_CACHE_LOCK:

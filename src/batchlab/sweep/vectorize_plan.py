@@ -30,7 +30,7 @@ from batchlab.sweep.worker import trial_spec
 __all__ = ["mark_inexact_vectorization", "should_vectorize"]
 
 
-def should_vectorize(config: SweepConfig, study: StudyPlan, num_parameters: int) -> bool:
+def should_vectorize(config: SweepConfig, study: StudyPlan) -> bool:
     """Whether ``study``'s trials go to workers as vectorized tasks (the rule in the module docstring;
     under ``vectorize = "auto"`` the worker still measures whether it pays).
 
@@ -71,17 +71,16 @@ def mark_inexact_vectorization(config: SweepConfig, studies: list[StudyPlan]) ->
     if config.vectorize != "always":
         return studies, []
     from batchlab.sweep.vectorize_choice import vectorized_identical
-    from batchlab.sweep.vectorized import NotVectorizable
 
     marked, inexact = [], {}
     for study in studies:
-        if should_vectorize(config, study, 0):
+        if should_vectorize(config, study):
             k = min(config.vectorize_trials, study.trials)
             task = TrialTask(study, tuple(study.trial_plans()[:k]), True, k)
             try:
                 identical = vectorized_identical([trial_spec(task, i) for i in range(k)], threads=1)
-            except NotVectorizable:  # the worker runs these trials one at a time
-                identical = True
+            except Exception:  # NotVectorizable (the worker runs them one at a time), or a user's model
+                identical = True  # failing on copies (the worker reports it, per task)
             if not identical:
                 study = replace(study, inexact_vectorized=True)
                 inexact.setdefault(study.store_workload, []).append(str(study.batch_size))
