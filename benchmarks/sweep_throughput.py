@@ -156,7 +156,10 @@ def _machine() -> str:
     """What the numerics depend on here: torch version, CPU capability, threads, numpy's SIMD targets."""
     import numpy
     import torch
-    from numpy._core import _multiarray_umath as umath
+    try:  # numpy 2; numpy 1.x keeps it under numpy.core
+        from numpy._core import _multiarray_umath as umath
+    except ImportError:
+        from numpy.core import _multiarray_umath as umath
 
     simd = [f for f in umath.__cpu_dispatch__ if umath.__cpu_features__.get(f)] or ["baseline"]
     return (f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "

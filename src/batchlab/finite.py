@@ -6,7 +6,10 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["finite_real"]
+__all__ = ["INT64_MAX", "finite_real"]
+
+#: The largest integer an int64 column (step, trial id, batch size, budget) holds: 2^63 - 1.
+INT64_MAX = 2**63 - 1
 
 
 def finite_real(value: object) -> bool:

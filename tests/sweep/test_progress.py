@@ -32,7 +32,7 @@ def test_critical_batch_size_table_lists_every_registered_definition(capsys):
 def test_progress_lines_off_a_terminal_count_finished_trials_once(capsys):
     study = SimpleNamespace(store_workload="w/m/sgd", batch_size=8)
     entries = [StudyProgress(study=study, total=4, done=2, skipped=2)]  # 2 finished before this run
-    plan = SimpleNamespace()
+    plan = SimpleNamespace(warnings=[])
     reporter = RichReporter(terminal=False)
     reporter.start(plan, entries, {"executor": "inline", "workers": 1, "store": "s", "finished_before": 2})
     for _ in range(2):

@@ -69,20 +69,13 @@ def check_tolerance(tolerance: float, name: str) -> float:
 
 
 def _batch_sizes(text: str) -> list[float]:
-    """``--batch-sizes``: distinct finite numbers > 0, sorted; a repeated one is refused (as ``sweep``
-    refuses it), never silently dropped."""
-    if not all(v.strip() for v in text.split(",")):
-        raise BatchlabError(f"--batch-sizes has an empty item in {text!r}; allowed: numbers > 0 separated by single commas")
-    try:
-        values = [float(v) for v in text.split(",")]
-    except ValueError:
-        raise BatchlabError(f"--batch-sizes must be comma-separated numbers > 0, got {text!r}") from None
-    if not values or any(not 0 < v < float("inf") for v in values):
+    """``--batch-sizes``: distinct finite numbers > 0 (:func:`batchlab.cli.options.parse_csv`: no empty
+    item, none repeated, never silently dropped), sorted."""
+    from batchlab.cli.options import parse_csv
+
+    values = parse_csv(text, "--batch-sizes", float)
+    if any(not 0 < v < float("inf") for v in values):
         raise BatchlabError(f"batch sizes must be > 0 and finite, got {text!r}")
-    repeated = sorted({v for v in values if values.count(v) > 1})
-    if repeated:
-        shown = ", ".join(f"{v:g}" for v in repeated)
-        raise BatchlabError(f"--batch-sizes must be distinct, got {shown} more than once in {text!r}")
     return sorted(values)
 
 

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from batchlab.errors import BatchlabError
+from batchlab.finite import INT64_MAX
 
 # --- the selection options of ``analyze`` and ``plot`` -----------------------------------------------
 
@@ -50,8 +51,6 @@ MaxTrials = Annotated[str, typer.Option(
          "the paper's first 100 COMPLETE trials (50 for lm1b/lstm, common_crawl/transformer_base and "
          "lm1b/transformer_shallow/sgd) for imported release workloads, refusing a batch size with fewer, "
          "and every trial otherwise (docs/methods.md, \"Trial counts\").")]
-#: The largest step or example count a store can hold (int64): a larger budget or count is refused.
-INT64_MAX = 2**63 - 1
 StepBudget = Annotated[Optional[int], typer.Option(
     "--step-budget", min=1, max=INT64_MAX, help="Keep measurements with step <= N.")]
 ExampleBudget = Annotated[Optional[int], typer.Option(
@@ -203,8 +202,9 @@ def parse_csv(value: str | None, flag: str, cast: Any = str) -> list | None:
     try:
         values = [cast(v) for v in items]
     except ValueError:
-        raise BatchlabError(f"{flag} must be a comma-separated list of integers, got {value!r}") from None
-    repeated = sorted({str(v) for v in values if values.count(v) > 1})
+        kind = {int: "integers", float: "numbers"}.get(cast, "values")
+        raise BatchlabError(f"{flag} must be a comma-separated list of {kind}, got {value!r}") from None
+    repeated = sorted({f"{v:g}" if isinstance(v, float) else str(v) for v in values if values.count(v) > 1})
     if repeated:
         raise BatchlabError(f"{flag} must be distinct, got {', '.join(repeated)} more than once in {value!r}")
     return values

@@ -63,8 +63,7 @@ def predict(
     from batchlab.probes.predict import predict as run_predict
     from batchlab.train.device import check_device
 
-    if not 0.0 < level < 1.0:
-        raise BatchlabError(f"--level must be in (0, 1), got {level}")
+    opt.check_level(level)
     extra = parse_hparams(hparam)
     if "learning_rate" in extra:
         raise BatchlabError("set learning_rate with --learning-rate, not --hparam")

@@ -145,8 +145,7 @@ def noise_scale_command(
 
     if method not in METHODS:
         raise unknown_name_error("method", method, METHODS)
-    if not 0.0 < level < 1.0:
-        raise BatchlabError(f"--level must be in (0, 1), got {level}")
+    opt.check_level(level)
     checkpoints, probes, settings = _reference(workload, steps_at, optimizer, batch_size, learning_rate, hparam,
                                                examples, probe_batch_size, seed, train_examples, steps, device)
     if hessian and len(probes) < 2:

@@ -10,7 +10,6 @@ Options shared with other commands come from :mod:`batchlab.cli.options`, output
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -30,13 +29,15 @@ TrainJson = opt.json_option(
 
 
 def _number(text: str) -> int | float:
-    """An int if ``text`` is an integer literal, else a float; ValueError for neither, or for an integer
-    beyond the float range (which no hyperparameter check could compare)."""
+    """An int if ``text`` is an integer literal, else a float; ValueError for neither, or for a value
+    that is not finite (:func:`batchlab.finite.finite_real`: an integer beyond the float range too)."""
+    from batchlab.finite import finite_real
+
     try:
         value = int(text)
     except ValueError:
-        return float(text)
-    if abs(value) > sys.float_info.max:
+        value = float(text)
+    if not finite_real(value):
         raise ValueError(text)
     return value
 

@@ -49,7 +49,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from batchlab.errors import BatchlabError, decode_utf8, not_utf8_reason, one_line, printable
-from batchlab.store.schema import INT64_MAX, RELEASE_STATUSES, SCHEMAS, STATUSES, validate_workload_name
+from batchlab.finite import INT64_MAX
+from batchlab.store.schema import RELEASE_STATUSES, SCHEMAS, STATUSES, validate_workload_name
 from batchlab.store.studies import check_definition, make_study_definition, study_id
 from batchlab.store.writer import study_row
 from batchlab.store.store import Store

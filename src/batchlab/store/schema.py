@@ -66,8 +66,6 @@ def store_workload_name(workload: str, optimizer: str) -> str:
     return f"{workload}/{optimizer}"
 
 
-#: The largest integer the store holds (batch sizes, trial ids, steps and seeds are int64 columns).
-INT64_MAX = 2**63 - 1
 #: One part of a workload name (:func:`validate_workload_name`).
 WORKLOAD_PART = re.compile(r"\w[\w.+-]{0,99}")
 WORKLOAD_FORM = ("dataset/model/optimizer: three or more parts separated by '/', each 1 to 100 letters, digits, "

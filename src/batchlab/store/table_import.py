@@ -50,7 +50,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batchlab.errors import BatchlabError, not_utf8_reason, one_line, printable
-from batchlab.store.schema import INT64_MAX, SCHEMAS, STATUSES, split_workload
+from batchlab.finite import INT64_MAX
+from batchlab.store.schema import SCHEMAS, STATUSES, split_workload
 
 if TYPE_CHECKING:  # annotations only: pandas is imported where a table is converted
     import pandas as pd

@@ -30,6 +30,7 @@ import math
 import time
 from typing import Any, TextIO
 
+from batchlab.analysis.curve import bracket_text
 from batchlab.sweep.runner import Reporter, StudyProgress, SweepPlan, SweepSummary
 from batchlab.sweep.worker import TrialOutcome
 
@@ -40,13 +41,8 @@ def _start_notes(plan: SweepPlan, info: dict) -> None:
 
     if info.get("created_store"):
         note(f"created a new store at {info.get('store')}")
-    for warning in _warnings(plan):
+    for warning in plan.warnings:
         note(f"warning: {warning}")
-
-
-def _warnings(plan: SweepPlan) -> list[str]:
-    """The plan's one-line warnings (none for a plan-like object without them)."""
-    return list(getattr(plan, "warnings", ()))
 
 
 class JsonReporter(Reporter):
@@ -69,7 +65,7 @@ class JsonReporter(Reporter):
             "budgets": [{"workload": p.study.store_workload, "batch_size": p.study.batch_size,
                          "steps": p.study.steps, "study_id": p.study.digest} for p in progress],
             "budget_rule": {p.study.workload: p.study.budget_rule for p in progress},
-            **({"warnings": _warnings(plan)} if _warnings(plan) else {}),
+            **({"warnings": list(plan.warnings)} if plan.warnings else {}),
         })
 
     def trial(self, progress: StudyProgress, outcome: TrialOutcome, totals: dict) -> None:
@@ -275,7 +271,8 @@ class RichReporter(Reporter):
                 others = {k: v for k, v in fields["statuses"].items() if k not in DEFAULT_ANALYSIS_STATUSES}
                 if others:
                     reached += " (" + ", ".join(f"{v} {k.lower()}" for k, v in sorted(others.items())) + ")"
-                rows.append([w, str(r.batch_size), budget, bracket_text(fields), _fmt(upper, "-"),
+                bracket = bracket_text(fields.get("steps"), fields.get("steps_lower"), fields.get("censored_at"))
+                rows.append([w, str(r.batch_size), budget, bracket, _fmt(upper, "-"),
                              "-" if r.trial_id is None else f"#{r.trial_id}", reached, fields.get("regime") or "-",
                              fields["study_id"] or "-"])
         print_table(
@@ -399,14 +396,6 @@ def _interval_text(entry: dict, fit: dict) -> str:
     level = fit.get("level")
     suffix = f" ({100 * level:.0f}%)" if isinstance(level, (int, float)) else ""
     return f"[{_fmt(entry.get('low'), '-')}, {_fmt(entry.get('high'), '-')}]{suffix}"
-
-
-def bracket_text(fields: dict[str, Any]) -> str:
-    """``(lower, upper]`` when reached, ``> N`` (censored) or ``not reached`` otherwise
-    (:func:`batchlab.analysis.curve.bracket_text`)."""
-    from batchlab.analysis.curve import bracket_text as text
-
-    return text(fields.get("steps"), fields.get("steps_lower"), fields.get("censored_at"))
 
 
 def _fmt(value: Any, none: str = "inf") -> str:

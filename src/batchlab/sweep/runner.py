@@ -339,7 +339,7 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
         state = round_state[(*study_id(study), study.budget_round)] = {
             "study": study, "pending": {t.key for t in todo}, "keys": [t.key for t in trials]
         }
-        entry.vectorized = should_vectorize(config, study, plan.num_parameters[study.workload])
+        entry.vectorized = should_vectorize(config, study)
         group = config.vectorize_trials
         if entry.vectorized and not study.race:  # K shrinks when there would be fewer tasks than workers
             group = max(1, min(group, math.ceil(planned_todo / workers)))

@@ -274,7 +274,8 @@ def vectorization_costs(specs: list[TrialSpec], check_exact: bool | str = True) 
             cost = VectorizationCost(sequential=steps * sequential_step + batches * sequential_eval,
                                      vectorized=(steps * vectorized_step + batches * vectorized_eval) / k)
     if check_exact is True or (check_exact == "if cheaper" and cost.vectorized < cost.sequential):
-        cost = replace(cost, exact=vectorized_identical(specs))  # on fresh copies: the timing trained these
+        # on fresh copies (the timing trained these), whose model the timed stack already checked
+        cost = replace(cost, exact=vectorized_identical(specs, check_model=False))
     return cost
 
 
@@ -291,7 +292,7 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
             torch.set_num_threads(before)
 
 
-def vectorized_identical(specs: list[TrialSpec], threads: int | None = None) -> bool:
+def vectorized_identical(specs: list[TrialSpec], threads: int | None = None, check_model: bool = True) -> bool:
     """Whether the trials ``specs``, run as one vectorized computation, compute on this machine what each
     computes alone, to the bit (the exactness self-check, :func:`_exactness`: a few training steps at
     every stack size the run can reach, and every evaluation batch shape, compared with
@@ -303,7 +304,9 @@ def vectorized_identical(specs: list[TrialSpec], threads: int | None = None) -> 
     :func:`batchlab.sweep.executors.set_worker_threads`, as the blocking of a product, and so its
     rounding, may depend on it). What ``vectorize = "auto"`` requires before it vectorizes
     (:func:`vectorization_pays`), and what a sweep's driver asks before it forces
-    ``vectorize = "always"`` (:func:`batchlab.sweep.runner.prepare_sweep`).
+    ``vectorize = "always"`` (:func:`batchlab.sweep.runner.prepare_sweep`). ``check_model=False``
+    skips the stack's model check (:class:`batchlab.sweep.vectorized.StackedTrials`), for a caller
+    that already built a checked stack of these specs.
 
     Raises:
         NotVectorizable: as :func:`run_trials_vectorized` (the specs or their model cannot run
@@ -316,7 +319,7 @@ def vectorized_identical(specs: list[TrialSpec], threads: int | None = None) -> 
     with torch.random.fork_rng(devices=[]), _torch_threads(threads):
         fresh = [prepare_trial(spec) for spec in specs]
         with fork_rng(fresh[0].device):
-            return _exactness(StackedTrials(fresh), fresh)
+            return _exactness(StackedTrials(fresh, check=check_model), fresh)
 
 
 def _model_signature(model: nn.Module) -> tuple:
