@@ -64,6 +64,9 @@ def test_a_raced_sweep_gives_the_full_protocols_table(full_and_raced):
     assert _vectorized_identical_here(raced) == identical  # the same check, the same machine
     if identical:
         assert _answer(raced) == _answer(full)
+    else:  # other stack sizes round otherwise: the same batch sizes, each reached, nothing more is guaranteed
+        assert [row[0] for row in _answer(raced)] == [row[0] for row in _answer(full)]
+        assert all(row[1] is not None for row in _answer(raced))
     statuses = raced.statuses["mnist/fc_64_64_64/sgd"]
     assert any(counts.get("RACED") for counts in statuses.values()), statuses
 
