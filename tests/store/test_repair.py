@@ -96,27 +96,20 @@ def test_a_truncated_file_is_refused_on_read_then_quarantined(tmp_path):
     assert len(rows(store, "trials")) == 16 and (store.root / QUARANTINE_DIR / target).stat().st_size == 100
 
 
-def test_a_log_entry_that_is_not_json_is_restored_from_its_copy(tmp_path):
+@pytest.mark.parametrize("text, damage", [
+    ("{not json", "is not valid JSON"),
+    # valid JSON that is no log entry used to reach the log replay: a TypeError traceback in every command
+    ('{"seq": 2, "add": 5}', "is not a log entry"),
+])
+def test_a_damaged_log_entry_is_restored_from_its_copy(tmp_path, text, damage):
     store = three_commits(tmp_path)
     before = _snapshot(store)
-    (store.root / LOG_DIR / entry_name(2)).write_text("{not json")
-    with pytest.raises(BatchlabError, match="log entry 000000000002.json is not valid JSON"):
+    (store.root / LOG_DIR / entry_name(2)).write_text(text)
+    with pytest.raises(BatchlabError, match=f"log entry 000000000002.json {damage}"):
         store.state()
     assert [a.kind for a in repair(store.root)] == ["restore"]
     assert _snapshot(store) == before
-    assert (store.root / QUARANTINE_DIR / LOG_DIR / entry_name(2)).read_text() == "{not json"
-
-
-def test_a_log_entry_of_another_shape_is_damage_and_restored_from_its_copy(tmp_path):
-    # valid JSON that is no log entry ("add" not {table: [file, ...]}) used to reach the log replay
-    # and end every command in a TypeError traceback
-    store = three_commits(tmp_path)
-    before = _snapshot(store)
-    (store.root / LOG_DIR / entry_name(2)).write_text('{"seq": 2, "add": 5}')
-    with pytest.raises(BatchlabError, match="log entry 000000000002.json is not a log entry"):
-        store.state()
-    assert [a.kind for a in repair(store.root)] == ["restore"]
-    assert _snapshot(store) == before
+    assert (store.root / QUARANTINE_DIR / LOG_DIR / entry_name(2)).read_text() == text
 
 
 def test_a_copy_of_another_shape_is_not_restored_and_nothing_is_lost(tmp_path):
