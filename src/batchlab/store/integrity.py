@@ -51,11 +51,9 @@ from batchlab.store.files import (
     TMP_PREFIX,
     exclusive_lock,
     file_record,
-    fsync_directory,
     lock_held,
     os_error_text,
     store_writes,
-    write_bytes_atomic,
 )
 from batchlab.store.log import (
     LOG_COPY_DIR,
@@ -66,6 +64,7 @@ from batchlab.store.log import (
     list_entries,
     missing_entries,
     well_formed,
+    write_entry,
     read_state,
     state_from_entries,
     write_log_copy,
@@ -377,13 +376,6 @@ def _moves(root: Path, files: list[str], reason: str) -> list[dict]:
     return [{"file": f, "to": _quarantine_target(root, f), "reason": reason} for f in files if (root / f).exists()]
 
 
-def _write_entry(root: Path, entry: dict) -> None:
-    data = json.dumps(entry).encode()
-    write_bytes_atomic(root / LOG_DIR / entry_name(entry["seq"]), data)
-    fsync_directory(root / LOG_DIR)
-    write_log_copy(root, entry["seq"], data)
-
-
 def repair(root: Path, *, dry_run: bool = False) -> list[RepairAction]:
     """Repair the store at ``root`` (see the module docstring) and return what was done, in order
     (``dry_run``: what would be done; nothing is written and the lock is not taken). Every sha256 is
@@ -397,15 +389,14 @@ def repair(root: Path, *, dry_run: bool = False) -> list[RepairAction]:
                 continue
             name = f"{LOG_DIR}/{entry_name(action.seq)}"
             _quarantine(root, _moves(root, [name], "the log entry is not valid JSON or not a log entry"))  # a damaged entry
-            if action.kind == "restore":
-                write_bytes_atomic(root / name, (root / LOG_COPY_DIR / entry_name(action.seq)).read_bytes())
-                fsync_directory(root / LOG_DIR)
+            if action.kind == "restore":  # the copy's own bytes (its copy is rewritten as it was)
+                write_entry(root, action.seq, (root / LOG_COPY_DIR / entry_name(action.seq)).read_bytes())
                 continue
             moves = _moves(root, action.files, action.reason)
             _quarantine(root, moves)  # first: once the gap is filled, compact may collect unnamed files
-            _write_entry(root, {"seq": action.seq, "time": time.time(), "operation": "repair", "add": {},
-                                "remove": [], "repair": {"lost_entry": action.seq, "reason": action.reason,
-                                                         "quarantined": moves}})
+            write_entry(root, action.seq, json.dumps(
+                {"seq": action.seq, "time": time.time(), "operation": "repair", "add": {}, "remove": [],
+                 "repair": {"lost_entry": action.seq, "reason": action.reason, "quarantined": moves}}).encode())
         state = read_state(root)
         for action in actions:
             if action.kind == "quarantine":  # commit first, so the state never names a moved file

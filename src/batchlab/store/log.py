@@ -43,7 +43,7 @@ from batchlab.store.schema import DATA_DIR, LOCK_FILE, LOG_DIR, TABLES
 
 __all__ = [
     "CommitPlan", "StoreState", "LOG_COPY_DIR", "commit", "entry_name", "list_entries", "missing_entries",
-    "read_state", "state_from_entries", "well_formed", "write_log_copy",
+    "read_state", "state_from_entries", "well_formed", "write_entry", "write_log_copy",
 ]
 
 #: The directory, relative to the store, of the copies of the log entries (one per entry, same name).
@@ -243,7 +243,6 @@ def commit(root: Path, plan_commit: Callable[[StoreState], CommitPlan | None], *
 def append_entry(root: Path, state: StoreState, plan: CommitPlan) -> StoreState:
     """Append the entry of ``plan`` after ``state`` (the current state, read under the store lock,
     which the caller holds) with its integrity records, then its copy; returns the new state."""
-    log_dir = root / LOG_DIR
     seq = state.seq + 1
     entry: dict = {
         "seq": seq,
@@ -262,21 +261,26 @@ def append_entry(root: Path, state: StoreState, plan: CommitPlan) -> StoreState:
         records = {f: state.records.get(f) or file_record(root / f) for f in state.all_files()}
         state.records = dict(records)
     entry["files"] = records
-    data = json.dumps(entry).encode()
-    write_bytes_atomic(log_dir / entry_name(seq), data)
-    fsync_directory(log_dir)
-    write_log_copy(root, seq, data)
+    write_entry(root, seq, json.dumps(entry).encode())
     return state
 
 
-def write_log_copy(root: Path, seq: int, data: bytes) -> bool:
-    """Write the copy of entry ``seq`` (its exact bytes ``data``) to :data:`LOG_COPY_DIR`; returns
-    whether it was written. The copy is redundancy: the entry is already committed, so a copy that
-    cannot be written (a full disk) is not an error, and ``store repair`` writes it later."""
+def write_entry(root: Path, seq: int, data: bytes) -> None:
+    """Write log entry ``seq`` (its bytes ``data``) atomically and durably, then its copy
+    (:func:`write_log_copy`); the caller holds the store lock."""
+    log_dir = root / LOG_DIR
+    write_bytes_atomic(log_dir / entry_name(seq), data)
+    fsync_directory(log_dir)
+    write_log_copy(root, seq, data)
+
+
+def write_log_copy(root: Path, seq: int, data: bytes) -> None:
+    """Write the copy of entry ``seq`` (its exact bytes ``data``) to :data:`LOG_COPY_DIR`. The copy is
+    redundancy: the entry is already committed, so a copy that cannot be written (a full disk) is not
+    an error, and ``store repair`` writes it later."""
     copies = root / LOG_COPY_DIR
     try:
         copies.mkdir(exist_ok=True)
         write_bytes_atomic(copies / entry_name(seq), data)
     except OSError:
-        return False
-    return True
+        pass
