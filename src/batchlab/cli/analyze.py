@@ -162,21 +162,29 @@ def answer_units(store: Path, answer, workload: str, optimizer, metric, goal, ma
     stderr; with ``as_json`` also one ``{"unit", "study_group", "error"}`` line); when every unit
     fails, the first error is raised (with one unit: exactly that unit's error).
     """
-    from batchlab.analysis.units import unit_label
-
     con = connect_store(store)
     try:
-        units = opt.store_units(con, workload, optimizer, studies, mix_studies)
-        selections = opt.unit_selections(con, units, metric, goal, maximize, max_trials, step_budget,
-                                         example_budget, statuses, mix_studies)
-        answers, failed = [], []
-        for unit, selection in zip(units, selections):
-            try:
-                answers.append((unit, selection, answer(con, selection)))
-            except BatchlabError as error:
-                failed.append((unit, error))
+        return answer_units_on(con, answer, workload, optimizer, metric, goal, maximize, max_trials, step_budget,
+                               example_budget, statuses, studies, mix_studies, as_json)
     finally:
         con.close()
+
+
+def answer_units_on(con, answer, workload: str, optimizer, metric, goal, maximize, max_trials, step_budget,
+                    example_budget, statuses, studies, mix_studies: bool, as_json: bool = False) -> list[tuple]:
+    """:func:`answer_units` on an open connection ``con`` of the store (a command that asks several
+    questions of one store, ``plot goals`` or ``plot compare-workloads``, opens and checks it once)."""
+    from batchlab.analysis.units import unit_label
+
+    units = opt.store_units(con, workload, optimizer, studies, mix_studies)
+    selections = opt.unit_selections(con, units, metric, goal, maximize, max_trials, step_budget,
+                                     example_budget, statuses, mix_studies)
+    answers, failed = [], []
+    for unit, selection in zip(units, selections):
+        try:
+            answers.append((unit, selection, answer(con, selection)))
+        except BatchlabError as error:
+            failed.append((unit, error))
     if not answers:
         raise failed[0][1]
     for unit, error in failed:

@@ -26,7 +26,7 @@ from typing import Annotated, Optional
 import typer
 
 from batchlab.cli import options as opt
-from batchlab.cli.analyze import answer_units, steps_to_unit_result, trials_caption
+from batchlab.cli.analyze import answer_units, answer_units_on, steps_to_unit_result, trials_caption
 from batchlab.cli.output import line, note
 from batchlab.errors import BatchlabError
 
@@ -134,9 +134,13 @@ def compare_workloads_plot(
     metrics = _one_or_each("--metric", metrics or [None], len(workloads))
     goals = _one_or_each("--goal", goals or [None], len(workloads))
     answers = []
-    for w, m, g in zip(workloads, metrics, goals):
-        answers += answer_units(store, steps_to_unit_result, w, optimizer, m, g, maximize, max_trials, step_budget,
-                                example_budget, status, studies, mix_studies)
+    con = opt.connect_store(store)  # opened and checked once for every workload
+    try:
+        for w, m, g in zip(workloads, metrics, goals):
+            answers += answer_units_on(con, steps_to_unit_result, w, optimizer, m, g, maximize, max_trials,
+                                       step_budget, example_budget, status, studies, mix_studies)
+    finally:
+        con.close()
     labels = [f"{_unit_label(unit, answers)} ({_goal_text(selection)})" for unit, selection, _ in answers]
     curves = _unit_curves(answers, labels)
     figure = compare_workloads_figure(
@@ -169,9 +173,13 @@ def goals_plot(
 
     check_figure_path(out)
     answers = []
-    for g in goals:
-        answers += answer_units(store, steps_to_unit_result, workload, optimizer, metric, g, maximize, max_trials,
-                                step_budget, example_budget, status, studies, mix_studies)
+    con = opt.connect_store(store)  # opened and checked once for every goal
+    try:
+        for g in goals:
+            answers += answer_units_on(con, steps_to_unit_result, workload, optimizer, metric, g, maximize,
+                                       max_trials, step_budget, example_budget, status, studies, mix_studies)
+    finally:
+        con.close()
     several = len({unit.name for unit, _, _ in answers}) > 1
     labels = [(f"{unit.name}: " if several else "") + _goal_text(selection) for unit, selection, _ in answers]
     curves = _unit_curves(answers, labels)
