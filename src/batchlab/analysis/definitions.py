@@ -91,7 +91,8 @@ REGISTRY: tuple[CriticalBatchSizeDefinition, ...] = (
     ),
     CriticalBatchSizeDefinition(
         "perfect_scaling_end",
-        "read from the data: the largest measured B with S(B) B within (1 + tol) of S(B0) B0 (Shallue regime 1 ends)",
+        "read from the data: the last measured B before the first B above B0 whose S(B) B exceeds (1 + tol) S(B0) B0 "
+        "(Shallue regime 1 ends; contiguous from B0)",
         "ps_end_data", "data",
     ),
     CriticalBatchSizeDefinition(
