@@ -276,3 +276,20 @@ def test_searched_ranges_per_batch_size_for_plots():
     # two studies with different learning-rate ranges at 32: only the range they share is given
     assert ranges[32] == {"momentum": (0.5, 0.999, "REVERSE_LOG")}
     assert searched_ranges(con, []) == {}
+
+
+def test_best_trial_spaces_one_space_per_batch_size():
+    from batchlab.analysis.metaparameters import best_trial_spaces
+    from batchlab.search import SearchSpace
+
+    trials = [trial(W, 8, 1, curve([(100, 0.005)]), learning_rate=0.15, momentum=0.9),
+              trial(W, 32, 1, curve([(100, 0.5)]), learning_rate=0.15, momentum=0.9),  # not reached: still answered
+              trial(W, 128, 1, curve([(100, 0.005)]), learning_rate=0.15, momentum=0.9)]
+    con = store_with_spaces(trials, {(8, "a"): SPACE_A, (32, "a"): SPACE_A, (128, "a"): SPACE_A, (128, "b"): SPACE_B})
+    results = steps_to_result_many(con, [Selection(W, M, 0.01, mix_studies=True)])[0]
+    spaces = best_trial_spaces(con, results)
+    assert spaces == {8: SearchSpace.from_batch_science(SPACE_A), 32: SearchSpace.from_batch_science(SPACE_A)}
+    # 128: two studies with different spaces and no study id on the trials: no one space
+    same = store_with_spaces(trials, {(b, "a"): SPACE_A for b in (8, 32, 128)})
+    assert sorted(best_trial_spaces(same, steps_to_result(same, W, M, 0.01))) == [8, 32, 128]
+    assert best_trial_spaces(con, []) == {}

@@ -302,3 +302,18 @@ def test_steps_figure_uses_the_same_b0_as_analyze():
     (ps,) = by_gid(ax, "perfect_scaling_regime")
     assert (ps.get_x(), ps.get_x() + ps.get_width()) == (32, 128)
     assert "perfect scaling from B0 = 32" in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_steps_figure_rings_flagged_batch_sizes():
+    curve = bracketed([(2, 8000), (4, 4100), (8, 2200), (16, None)], steps_lower=(7600, 3900, 2000, None),
+                      censored_at=(None, None, None, 3000))
+    ax = steps_to_result_figure([curve], flagged=[[2, 16, 1024]]).axes[0]  # 1024: not on the curve
+    (rings,) = by_gid(ax, "tuning_flag")
+    np.testing.assert_array_equal(rings.get_xdata(), [2, 16])
+    np.testing.assert_array_equal(rings.get_ydata(), [8000, 3000])  # the point; the censoring bound
+    assert "tuning flag" in [t.get_text() for t in ax.get_legend().get_texts()]
+    plain = steps_to_result_figure([curve], flagged=[[]]).axes[0]
+    assert by_gid(plain, "tuning_flag") == []
+    assert "tuning flag" not in [t.get_text() for t in plain.get_legend().get_texts()]
+    with pytest.raises(BatchlabError, match="flagged: 2 entries for 1 curves"):
+        steps_to_result_figure([curve], flagged=[[2], [4]])

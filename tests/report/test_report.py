@@ -14,6 +14,11 @@ from report_fixtures import E, GOAL, SWEEP, publish, unit_trials  # noqa: E402
 
 from batchlab.errors import BatchlabError  # noqa: E402
 
+def same(cell: str, value, rel: float) -> bool:
+    """Whether a CSV cell holds ``value`` (an empty cell: None) to within ``rel``."""
+    return (cell == "" and value is None) or (cell != "" and value is not None and float(cell) == pytest.approx(value, rel=rel))
+
+
 SGD, MOM, ADAM = "mnist/fc_64_64_64/sgd", "mnist/fc_64_64_64/momentum", "mnist/fc_64_64_64/adam"
 SIZES = (8, 32, 128)
 
@@ -76,9 +81,9 @@ def test_csv_numbers_are_the_analysis_numbers(built):
                 con, Selection(workload, E, GOAL, studies=(SWEEP,)), n_boot=20, level=0.9, seed=0).to_dict()
             b_crit = estimate["critical_batch_sizes"]["mccandlish_b_crit"]
             row = mine[("mccandlish_b_crit", "")]
-            assert float(row["value"]) == pytest.approx(b_crit["value"], rel=1e-12)
-            assert float(row["lower"]) == pytest.approx(b_crit["low"], rel=1e-12)
-            assert float(row["upper"]) == pytest.approx(b_crit["high"], rel=1e-12)
+            for cell, value in ((row["value"], b_crit["value"]), (row["lower"], b_crit["low"]),
+                                (row["upper"], b_crit["high"])):
+                assert same(cell, value, rel=1e-12)  # an empty cell: None (an unbounded side)
             for r in steps_to_result(con, workload, E, GOAL, studies=(SWEEP,)):
                 if r.reached:
                     got = mine[("steps", str(r.batch_size))]
@@ -89,7 +94,7 @@ def test_csv_numbers_are_the_analysis_numbers(built):
     units = {u["unit"]: u for u in summary["units"]}
     assert units[f"{ADAM} [sweep {SWEEP}]"]["status"] == "unreached"
     assert {r["section"] for r in rows} >= {"steps_to_result", "critical_batch_size", "fit", "metaparameters",
-                                            "verdict", "best_measurement", "comparison"}
+                                            "verdict", "best_measurement", "comparison", "tuning_flags"}
 
 
 def test_units_follow_the_sweep_rule_and_never_pool_settings(tmp_path):
@@ -169,3 +174,65 @@ def test_bad_inputs_are_one_line_errors_and_write_nothing(tmp_path, built):
             build_report(src, out, n_boot=1)
         assert "\n" not in str(info.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "unreached"]
+
+
+def test_tuning_flags_in_the_page_the_csv_the_figure_and_b_crit_without_them(tmp_path, monkeypatch):
+    from batchlab.analysis.bootstrap import critical_batch_size_with_intervals
+    from batchlab.analysis.selection import Selection
+    from batchlab.plots import shallue
+    from batchlab.report.build import build_report
+    from batchlab.store import Store
+
+    # B=8 rests on its only trial (the others removed); B=16 is then better than perfect scaling; B=64
+    # and B=512 search the same learning rates (b % 7 == 1) and the same one wins at both
+    trials = [t for t in unit_trials(SGD, (8, 16, 32, 64, 128, 512), 64, trials=4)
+              if t["batch_size"] != 8 or t["trial_id"] == 2]
+    drawn = []
+    original = shallue.steps_to_result_figure
+
+    def recording(curves, **kwargs):
+        fig = original(curves, **kwargs)
+        drawn.append((kwargs.get("flagged"), [a for a in fig.axes[0].get_children() if a.get_gid() == "tuning_flag"]))
+        return fig
+
+    monkeypatch.setattr(shallue, "steps_to_result_figure", recording)
+    summary = build_report(publish(tmp_path / "store", trials), tmp_path / "r.html", n_boot=20)
+    html = unescape((tmp_path / "r.html").read_text())
+    table = list(csv.DictReader((tmp_path / "r.csv").open()))
+    rows = [r for r in table if r["section"] == "tuning_flags"]
+    flags = [(r["batch_size"], r["quantity"]) for r in rows if r["batch_size"]]
+    assert flags == [("8", "one_reaching_trial"), ("16", "better_than_perfect_scaling"), ("64", "shared_grid_point"),
+                     ("512", "shared_grid_point")]
+    messages = [r["note"] for r in rows if r["batch_size"]]
+    assert messages[0] == "batch size 8: steps to result 596 rests on its only trial; its scatter is unknown"
+    assert messages[1].startswith("batch size 16: S(32) x 32 = 6208 examples < S(16) x 16 = 7120 / (1 + 0.1)")
+    assert messages[2].startswith("batch size 64: the best trial's learning_rate = 0.3194 (also at B = 512)")
+    # the page: the flags table with each message, and the fits with and without them
+    assert "Tuning flags" in html and all(m in html for m in messages)
+    assert "with and without the flagged batch sizes" in html and "left out: B = 8 (one_reaching_trial), 16" in html
+    # the figure: the flagged batch sizes are ringed
+    (flagged, rings), = [d for d in drawn if d[0] is not None]
+    assert flagged == [[8, 16, 64, 512]] and len(rings) == 1 and list(rings[0].get_xdata()) == [8, 16, 64, 512]
+    assert "ringed in red (B = 8, 16, 64, 512)" in html
+    # with every point: the unit's B_crit; without: the same fit on a store without those batch sizes
+    by_quantity = {r["quantity"]: r for r in rows}
+    headline = next(r for r in table if r["quantity"] == "mccandlish_b_crit")
+    assert [by_quantity["b_crit_all_points"][k] for k in ("value", "lower", "upper")] == [
+        headline[k] for k in ("value", "lower", "upper")]
+    for quantity, dropped in (("b_crit_without_point_flags", (8, 16)), ("b_crit_without_flagged", (8, 16, 64, 512))):
+        store = publish(tmp_path / quantity, [t for t in trials if t["batch_size"] not in dropped])
+        con = Store.open(store).connect()
+        try:
+            kept = critical_batch_size_with_intervals(con, Selection(SGD, E, GOAL, studies=(SWEEP,)), n_boot=20,
+                                                      level=0.9, seed=0).to_dict()["critical_batch_sizes"]
+        finally:
+            con.close()
+        row, kept = by_quantity[quantity], kept["mccandlish_b_crit"]
+        for cell, value in ((row["value"], kept["value"]), (row["lower"], kept["low"]), (row["upper"], kept["high"])):
+            assert same(cell, value, rel=1e-9)
+    (line,) = summary["lines"]
+    assert "; tuning flags at B=8, 16, 64, 512; B_crit without them " in line and ", without B=8, 16 only " in line
+    unit = summary["units"][0]
+    assert unit["b_crit"]["flagged_batch_sizes"] == [8, 16, 64, 512]
+    assert unit["b_crit"]["point_flagged_batch_sizes"] == [8, 16]
+    assert same(by_quantity["b_crit_without_flagged"]["value"], unit["b_crit"]["without_flagged"]["b_crit"], rel=1e-12)

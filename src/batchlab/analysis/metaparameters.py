@@ -362,6 +362,28 @@ def searched_ranges(con: duckdb.DuckDBPyConnection, results: Sequence[BatchSizeR
     return out
 
 
+def best_trial_spaces(con: duckdb.DuckDBPyConnection, results: Sequence[BatchSizeResult]) -> dict[int, object]:
+    """The search space each batch size's best trial was drawn from: ``{batch_size: SearchSpace}``.
+
+    For the results of one workload, over the same studies :func:`search_edge_warnings` reads (the best
+    trial's study where the store records it, else the result's ``study_ids``, else every study at
+    that batch size). A batch size is left out when no readable space applies, or when the studies
+    that apply have different spaces (there is no one space to check against). Unreached batch sizes
+    are answered too (from their studies), so a caller can tell "no space" from "not reached".
+    """
+    if not results:
+        return {}
+    workloads = sorted({r.workload for r in results})
+    studies = _search_spaces(con, workloads)
+    trial_studies = _trial_study_ids(con, workloads)
+    out: dict[int, object] = {}
+    for r in results:
+        spaces = [space for _, space in _spaces_of(r, studies, trial_studies)]
+        if spaces and all(space == spaces[0] for space in spaces[1:]):
+            out[int(r.batch_size)] = spaces[0]
+    return out
+
+
 def format_search_edge_warning(warning: dict) -> str:
     """The one-line text of a :func:`search_edge_warnings` entry."""
     fraction = warning.get("fraction", EDGE_FRACTION)

@@ -10,7 +10,8 @@
   (perfect scaling, maximal data parallelism; docs/methods.md, "Regimes read from the data") are shaded
   (:func:`data_regimes`). Intervals of the steps: one-sided ones (an upper bound) as a bar from the
   point up to the bound, and a reached point whose interval is unbounded above as a dotted stem with
-  an open triangle.
+  an open triangle. Batch sizes with a tuning flag (docs/methods.md, "Tuning flags"; ``flagged``)
+  are ringed in red at their point (or at their censoring bound), legend "tuning flag".
 * :func:`compare_workloads_figure`: several curves normalised to compare workloads (each divided by
   its steps at a reference batch size).
 * :func:`goals_figure`: several goals on one workload.
@@ -74,6 +75,7 @@ def steps_to_result_figure(
     tolerance: float = 0.1,
     interval_label: str = "interval",
     caption: str | None = None,
+    flagged: Sequence[Sequence[int] | None] | None = None,
 ) -> Figure:
     """Steps to result against batch size on log2 axes (see the module docstring).
 
@@ -99,6 +101,10 @@ def steps_to_result_figure(
         tolerance: the regimes' tolerance, in (0, 1).
         interval_label: the legend text of the intervals (say what they are for).
         caption: a line saying which trials the curves rest on, shown above the legend.
+        flagged: optional per curve, the batch sizes with a tuning flag
+            (:func:`batchlab.analysis.tuning_flags.tuning_flags`): each is ringed in red
+            (``gid="tuning_flag"``) at its point, or at its censoring bound when not reached;
+            batch sizes not on the curve, or unreached without a bound, are not drawn.
     """
     if not curves:
         raise BatchlabError("nothing to plot: give at least one steps-to-result curve")
@@ -106,6 +112,9 @@ def steps_to_result_figure(
         raise BatchlabError(f"tolerance must be in (0, 1), got {tolerance}")
     fits = list(fits) if fits is not None else [None] * len(curves)
     intervals = list(intervals) if intervals is not None else [None] * len(curves)
+    flagged = list(flagged) if flagged is not None else [None] * len(curves)
+    if len(flagged) != len(curves):
+        raise BatchlabError(f"flagged: {len(flagged)} entries for {len(curves)} curves; give one (or None) per curve")
     shade = (len(curves) == 1) if regimes is None else bool(regimes)
     fig = Figure(figsize=(6.4, 4.8))
     ax = fig.add_subplot()
@@ -114,7 +123,7 @@ def steps_to_result_figure(
     lowest = np.inf
     b0_values = []
     offsets = _curve_offsets(len(curves))
-    for curve, fit, bounds, color, offset in zip(curves, fits, intervals, colors, offsets):
+    for curve, fit, bounds, color, offset, marks in zip(curves, fits, intervals, colors, offsets, flagged):
         b, s = curve.reached_arrays()
         if b.size == 0:
             raise BatchlabError(f"curve {curve.label!r}: no batch size reached the goal; nothing to plot")
@@ -140,6 +149,8 @@ def steps_to_result_figure(
             fitted = ax.plot(grid, fit.predicted_steps(grid) / scale, "--", color=color, alpha=0.7, lw=1.2)[0]
             fitted.set_gid("fit")
         drawn |= _censored_marks(ax, curve, scale, color, offset=offset, small=len(curves) > 1)
+        if marks:
+            drawn |= _flag_rings(ax, curve, marks, scale, offset)
         bounds_at = [c for b_, s_, c in zip(curve.batch_sizes, curve.steps, _aligned(curve, "censored_at"))
                      if s_ is None and c is not None and c > 0]
         if bounds_at:  # keep every censoring bound in view
@@ -179,6 +190,9 @@ def steps_to_result_figure(
                                label="not reached: steps > bound (censored)")[0])
     if "unbounded" in drawn:
         proxies.append(ax.plot([], [], "x", color="0.3", mew=2, label="not reached (no bound known)")[0])
+    if "tuning_flag" in drawn:
+        proxies.append(ax.plot([], [], "o", ms=13, mfc="none", mec=_FLAG_COLOR, mew=1.6, ls="none",
+                               label="tuning flag")[0])
     for name, (color, text) in _REGIME_STYLE.items():
         if name in drawn:
             proxies.append(Patch(facecolor=color, alpha=0.12, lw=0, label=text))
@@ -194,6 +208,27 @@ def steps_to_result_figure(
 
 
 _UNBOUNDED_MARKER = "^"
+_FLAG_COLOR = "tab:red"
+
+
+def _flag_rings(ax, curve: StepsCurve, batch_sizes, scale: float, offset: float = 0.0) -> set[str]:
+    """Red rings (``gid="tuning_flag"``) around the flagged batch sizes: at the reached point, or at the
+    censoring bound (shifted like the censored mark by ``offset`` octaves) when not reached."""
+    wanted = {int(b) for b in batch_sizes}
+    points = []
+    for b, s, c in zip(curve.batch_sizes, curve.steps, _aligned(curve, "censored_at")):
+        if int(b) not in wanted:
+            continue
+        if s is not None:
+            points.append((float(b), float(s)))
+        elif c is not None:
+            points.append((float(b) * 2.0 ** offset, float(c)))
+    if not points:
+        return set()
+    x, y = (np.asarray(col, dtype=float) for col in zip(*points))
+    rings = ax.plot(x, y / scale, "o", ms=13, mfc="none", mec=_FLAG_COLOR, mew=1.6, ls="none", zorder=5)[0]
+    rings.set_gid("tuning_flag")
+    return {"tuning_flag"}
 
 
 def _curve_offsets(n: int) -> list[float]:

@@ -1,7 +1,8 @@
 """The numbers and figures of a report, per unit (docs/methods.md, "The report").
 
 :func:`analyse_unit` computes everything one unit's section shows (steps to result with the fit,
-intervals and data-read regimes; the named critical batch sizes; the optimal metaparameters and the
+intervals and data-read regimes; the named critical batch sizes; the tuning flags and B_crit with and
+without the flagged batch sizes; the optimal metaparameters and the
 scaling-rule verdict; the learning-rate/momentum scatter; the best measurement under a few step
 budgets), each figure rendered to PNG bytes in memory, each number also as a CSV row
 (:class:`Row`). :func:`compare_units` compares the optimizers of one base workload and study group,
@@ -85,6 +86,8 @@ class UnitResult:
     nqm_b_crit: float | None = None
     sweep_trials: int = 0  # trials of the analysed studies, any status (units.unit_examples)
     sweep_examples: int = 0  # sum of steps x batch size over them: the sweep's compute
+    tuning_flags: list = field(default_factory=list)  # batchlab.analysis.tuning_flags.TuningFlag
+    flag_effect: object = None  # batchlab.analysis.tuning_flags.FlaggedFitEffect (None: no flag or no fit)
 
     @property
     def key(self) -> str:
@@ -187,6 +190,7 @@ def _analyse(con, out: UnitResult, n_boot: int, level: float, seed: int) -> None
         return
     curve = steps_curve(results, label=unit.optimizer)
     out.curve = curve
+    _tuning_flags(con, out, selection)
     _fit_and_figure(con, out, selection, n_boot, level, seed)
     for part, what in ((_metaparameters, "optimal metaparameters"), (_best_measurement, "best measurement")):
         try:
@@ -266,18 +270,102 @@ def _fit_and_figure(con, out: UnitResult, selection, n_boot: int, level: float, 
                       "ps_beyond": ps.get("lower_bound") if ps.get("value") is None else None, "level": level,
                       "poor_fit": any(str(w).startswith("poor fit") for w in summary["warnings"])}
     out.tables.append(_steps_table(out, estimate))
+    _flag_tables(con, out, selection, estimate, n_boot, level, seed)
+    flagged = sorted({f.batch_size for f in out.tuning_flags})
     figure = steps_to_result_figure(
         [curve], fits=[out.fit], title=f"{out.unit.workload}: {out.goal_text}", intervals=intervals,
         tolerance=TOLERANCE, interval_label=f"one-sided {level:.0%} upper bound on the median best-of-K steps",
-        caption=caption_of(out),
+        caption=caption_of(out), flagged=[flagged],
     )
     out.figures.append(FigureOut(
         _fig_id(out, "steps"),
         "Steps to result against batch size (log2 axes): resolution brackets as error bars, one-sided "
         f"{level:.0%} upper bounds on the median best-of-K steps beside them, perfect scaling from B0 (dotted), "
         "the fitted S(B) = S_min + E_min/B (dashed, a fit), unreached batch sizes at their censoring bound "
-        "(arrow up), the regimes read from the data shaded.",
+        "(arrow up), the regimes read from the data shaded"
+        + (f", batch sizes with a tuning flag ringed in red (B = {', '.join(map(str, flagged))})." if flagged else "."),
         f"steps to result vs batch size, {out.unit.name}", render(figure)))
+
+
+def _tuning_flags(con, out: UnitResult, selection) -> None:
+    """The unit's tuning flags (docs/methods.md, "Tuning flags"); a failure is a warning."""
+    from batchlab.analysis.tuning_flags import tuning_flags, tuning_from_store
+
+    try:
+        out.tuning_flags = tuning_flags(tuning_from_store(con, selection, results=out.results), TOLERANCE)
+    except BatchlabError as exc:
+        out.warnings.append(f"no tuning flags: {exc}")
+
+
+def _flag_value(flag):
+    """The number that decides a flag, for the CSV's value column (docs/methods.md, "The report")."""
+    detail = flag.detail
+    if flag.kind == "better_than_perfect_scaling":
+        return detail["examples_ratio"]
+    if flag.kind == "shared_grid_point":
+        return detail["values"][flag.parameters[0]]
+    if flag.kind == "one_reaching_trial":
+        return detail["n_reached"]
+    return detail["edges"][0]["value"]
+
+
+def _flag_tables(con, out: UnitResult, selection, estimate, n_boot: int, level: float, seed: int) -> None:
+    """The "Tuning flags" table and CSV rows, and B_crit with and without the flagged batch sizes."""
+    from batchlab.analysis.tuning_flags import (
+        POINT_KINDS,
+        flagged_fit_effect,
+        store_fit_fn,
+    )
+
+    name = out.key
+    if not out.tuning_flags:
+        out.notes.append("tuning flags: none (no batch size is better than perfect scaling, shares its best "
+                         "point, rests on one trial or has its best trial at a search edge)")
+        return
+    rows = []
+    for f in out.tuning_flags:
+        rows.append([f.kind, f.batch_size, f.message])
+        out.rows.append(Row(name, "tuning_flags", f.batch_size, f.kind, _flag_value(f), None, None, f.message))
+    out.tables.append(Table("Tuning flags: batch sizes the search may not have tuned", ["kind", "batch size", "message"],
+                            rows))
+    if estimate is None:
+        return
+    try:
+        fit_fn = store_fit_fn(con, selection, n_boot=n_boot, level=level, seed=seed, tolerance=TOLERANCE)
+        effect = flagged_fit_effect(out.curve, out.tuning_flags, fit_fn, full=estimate)
+        point_sizes = {f.batch_size for f in out.tuning_flags if f.kind in POINT_KINDS}
+        points = None  # the point kinds only: shown when they leave out some, but not all, flagged sizes
+        if point_sizes and point_sizes != {f.batch_size for f in out.tuning_flags}:
+            points = flagged_fit_effect(out.curve, out.tuning_flags, fit_fn, full=estimate, leave_out=POINT_KINDS)
+    except BatchlabError as exc:
+        out.warnings.append(f"no fit without the flagged batch sizes: {exc}")
+        return
+    out.flag_effect = effect
+    sides = [("b_crit_all_points", "every batch size", effect.all_points, None)]
+    if points is not None:
+        sides.append(("b_crit_without_point_flags", "batch sizes flagged " + " or ".join(POINT_KINDS) + " left out",
+                      points.without_flagged, points))
+    sides.append(("b_crit_without_flagged", "every flagged batch size left out", effect.without_flagged, effect))
+    table = []
+    for quantity, label, side, source in sides:
+        left = "" if source is None else "left out: B = " + ", ".join(
+            f"{b} ({', '.join(k)})" for b, k in source.kinds.items())
+        note = "; ".join(x for x in (left, side["error"]) if x)
+        interval = "" if side["b_crit"] is None else f"[{_side(side['low'], '0')}, {_side(side['high'], 'inf')}]"
+        table.append([label, ", ".join(map(str, side["batch_sizes"])), num(side["b_crit"]), interval,
+                      side["n_points"], note])
+        out.rows.append(Row(name, "tuning_flags", None, quantity, _finite(side["b_crit"]), _finite(side["low"]),
+                            _finite(side["high"]), f"{level:.0%} interval of mccandlish_b_crit; " + (note or
+                            "batch sizes " + ", ".join(map(str, side["batch_sizes"])))))
+    out.tables.append(Table(f"B_crit (mccandlish_b_crit, {level:.0%} intervals) with and without the flagged batch "
+                            "sizes", ["fit", "batch sizes", "B_crit", "interval", "reached fitted", "note"], table))
+    if out.b_crit is not None:
+        keys = ("b_crit", "b_crit_unbounded", "low", "high", "n_points", "error")
+        out.b_crit["flagged_batch_sizes"] = list(effect.left_out)
+        out.b_crit["without_flagged"] = {k: effect.to_dict()["without_flagged"][k] for k in keys}
+        if points is not None:
+            out.b_crit["point_flagged_batch_sizes"] = list(points.left_out)
+            out.b_crit["without_point_flags"] = {k: points.to_dict()["without_flagged"][k] for k in keys}
 
 
 def _fig_id(out: UnitResult, kind: str) -> str:
@@ -724,7 +812,22 @@ def summary_line(r: UnitResult, with_group: bool = False) -> str:
         tail.append("extrapolated")
     if bc.get("poor_fit"):
         tail.append("poor fit: the curve is not a hyperbola within its brackets")
+    if bc.get("flagged_batch_sizes"):
+        text_flags = (f"tuning flags at B={', '.join(map(str, bc['flagged_batch_sizes']))}; B_crit without them "
+                      + _b_crit_text(bc["without_flagged"]))
+        if bc.get("point_flagged_batch_sizes"):
+            text_flags += (f", without B={', '.join(map(str, bc['point_flagged_batch_sizes']))} only "
+                           + _b_crit_text(bc["without_point_flags"]))
+        tail.append(text_flags)
     return f"{text} ({', '.join(extra)}" + (f"; {'; '.join(tail)}" if tail else "") + ")"
+
+
+def _b_crit_text(side: dict) -> str:
+    """``V [LOW, HIGH]`` of a fit with flagged batch sizes left out (``none (...)`` when it could not be made)."""
+    if side["b_crit"] is None and not side["b_crit_unbounded"]:
+        return "none (too few batch sizes left)"
+    value = "inf" if side["b_crit_unbounded"] else num(side["b_crit"])
+    return f"{value} [{_side(side['low'], '0')}, {_side(side['high'], 'inf')}]"
 
 
 def _side(value, unbounded: str) -> str:

@@ -2,7 +2,8 @@
 
 Columns: ``unit`` (``dataset/model/optimizer [group]``, or a steps table's name), ``section``
 (``steps_to_result``, ``critical_batch_size``, ``fit``, ``metaparameters``, ``verdict``,
-``lr_momentum``, ``best_measurement``, ``comparison``, ``nqm``, ``steps_table``), ``batch_size`` (empty
+``lr_momentum``, ``best_measurement``, ``comparison``, ``nqm``, ``steps_table``, ``tuning_flags``: one
+row per tuning flag and the B_crit with and without the flagged batch sizes), ``batch_size`` (empty
 where the number is not per batch size), ``quantity``, ``value``, ``lower``, ``upper`` (an interval or
 bracket; empty where none or unbounded) and ``note``. Numbers are written with full precision.
 """
