@@ -59,8 +59,10 @@ def test_predict_beside_a_store_gives_ratios_and_compute(tmp_path):
         assert {"critical_batch_size", "low", "high", "measured", "ratio", "ratio_low", "ratio_high", "examples",
                 "sweep_examples", "compute_fraction", "unit", "note"} <= set(row)
         assert row["measured"] == measured["b_crit"]
-        if row["critical_batch_size"] is not None:
+        if row["kind"] == "point":  # a bound (an interval open on one side) is never a point: no ratio
             assert row["ratio"] == pytest.approx(row["critical_batch_size"] / measured["b_crit"])
+        else:
+            assert row["ratio"] is None
         if row["examples"] is not None:
             assert row["compute_fraction"] == pytest.approx(row["examples"] / measured["sweep_examples"])
     by = {r["predictor"]: r for r in result["rows"]}
@@ -164,3 +166,33 @@ def test_predict_matches_the_calibrated_target_to_the_store_unless_given(tmp_pat
     assert plain["settings"]["target_rule"] == "default" and plain["settings"]["target_fraction"] == 0.01
     note = next(r["note"] for r in plain["rows"] if r["predictor"] == "calibrated_nqm")
     assert "not matched" in note and "train/cross_entropy_error" in note
+
+
+def test_reference_run_uses_the_tuned_hyperparameters_of_the_nearest_measured_batch_size(tmp_path):
+    """The scoring protocol's reference run: with a store and no --learning-rate, the best trial's
+    hyperparameters at the measured batch size nearest the reference one in log B (here B=32 itself;
+    B=24 lies nearer 32 than 16 in log B), recorded with where they came from."""
+    from batchlab.probes.predict import measured_units, predict, tuned_reference
+
+    store = _store(tmp_path)
+    (unit,) = measured_units(store, f"{STORE_WORKLOAD}/sgd", n_boot=5)
+    assert [t["batch_size"] for t in unit["tuned"]] == [8, 16, 32, 64, 128]
+    assert all(set(t["hyperparameters"]) == {"learning_rate"} for t in unit["tuned"])
+    at_32 = next(t for t in unit["tuned"] if t["batch_size"] == 32)
+    # the fixture's fastest trial at B=32: learning rate 10^-0.5 * 1.04, the nearest of its grid to its optimum 0.2
+    assert at_32["hyperparameters"]["learning_rate"] == pytest.approx(10 ** -0.5 * 1.04)
+    assert tuned_reference([unit], 24)["from_batch_size"] == 32 and tuned_reference([unit], 20)["from_batch_size"] == 16
+    assert tuned_reference([{"tuned": []}], 32) is None
+    fast = {k: v for k, v in FAST.items() if k != "learning_rate"}
+    settings = predict(WORKLOAD, "sgd", store=store, n_boot=5, branched=False, **fast)["settings"]
+    reference = settings["reference"]
+    assert reference["rule"] == "tuned" and reference["from_batch_size"] == 32
+    assert reference["from_trial"] == at_32["trial_id"] and reference["unit"] == unit["unit"]
+    assert settings["hyperparameters"] == at_32["hyperparameters"]
+    assert reference["learning_rate"] == at_32["hyperparameters"]["learning_rate"] != 0.1  # not SGD's default
+    assert settings["protocol_steps_at"] == 10 and settings["checkpoint_rule"] == "given"
+    assert settings["default_batch_size"] == 32
+    plain = predict(WORKLOAD, "sgd", branched=False, **fast)["settings"]
+    assert plain["reference"] == {"rule": "default", "learning_rate": 0.1, "reason": "no store"}
+    given = predict(WORKLOAD, "sgd", branched=False, **FAST)["settings"]["reference"]
+    assert given["rule"] == "given" and given["learning_rate"] == 0.05

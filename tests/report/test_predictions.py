@@ -109,11 +109,18 @@ def test_ratio_and_range_use_the_reports_own_b_crit(built):
                                    ("branched", 64.0, 64.0, 128.0)):
         r = rows[name]
         assert r["measured"] == pytest.approx(bc["value"], rel=1e-12)  # never the record's 999 or 5
-        assert r["ratio"] == pytest.approx(value / bc["value"], rel=1e-12)
         assert r["ratio_low"] == pytest.approx(low / bc["high"], rel=1e-12)
-        assert r["ratio_high"] == (None if high is None else pytest.approx(high / bc["low"], rel=1e-12))
+        # an interval end of 0 (a fit whose interval reaches 0) gives no ratio-range end
+        assert r["ratio_high"] == (None if high is None or not bc["low"] else pytest.approx(high / bc["low"], rel=1e-12))
+        if high is None:  # an interval open above: a lower bound at its low end, never a point
+            assert (r["kind"], r["bound"], r["ratio"], r["within_2x"]) == ("lower_bound", low, None, None)
+            assert r["bound_consistent"] is (low <= 2 * bc["value"])
+            continue
+        assert r["kind"] == "point" and r["bound"] is None and r["bound_consistent"] is None
+        assert r["ratio"] == pytest.approx(value / bc["value"], rel=1e-12)
         assert r["within_2x"] is (0.5 <= value / bc["value"] <= 2)
     assert rows["calibrated_nqm"]["ratio"] is None and rows["calibrated_nqm"]["within_2x"] is None
+    assert rows["calibrated_nqm"]["kind"] == "none"
     assert "not a confidence interval" in unescape(html)
 
 
@@ -194,10 +201,11 @@ def test_summary_line_names_ratios_and_those_within_2x(built):
 
     summary, html, _ = built
     bc = _b_crit(summary, SGD_UNIT)["value"]
-    parts = [f"{p} {num(v)} ({v / bc:.2f}x)" for p, v in (("b_simple", 6.0), ("b_noise", 30.0), ("branched", 64.0))]
-    close = [p for p, v in (("b_simple", 6.0), ("b_noise", 30.0), ("branched", 64.0)) if 0.5 <= v / bc <= 2]
-    expected = (f"predictions mnist/fc_64_64_64 sgd: {', '.join(parts)}, calibrated_nqm - against B_crit {num(bc)}; "
-                f"within 2x: {', '.join(close) or 'none'}")
+    parts = [f"{p} {num(v)} ({v / bc:.2f}x)" for p, v in (("b_simple", 6.0), ("branched", 64.0))]
+    close = [p for p, v in (("b_simple", 6.0), ("branched", 64.0)) if 0.5 <= v / bc <= 2]
+    # b_noise 30 [12, inf) is a lower bound: written as one, never with a ratio or among those within 2x
+    expected = (f"predictions mnist/fc_64_64_64 sgd: {parts[0]}, b_noise >= 12 (bound), {parts[1]}, calibrated_nqm - "
+                f"against B_crit {num(bc)}; within 2x: {', '.join(close) or 'none'}")
     assert expected in summary["lines"]
     assert summary["lines"][-1] == expected and _unit(summary, SGD_UNIT)["line"] == expected
     assert summary["lines"][-2].startswith("predictions mnist/fc_64_64_64 momentum: b_simple 20 (")
@@ -224,6 +232,9 @@ def test_figures_draw_intervals_on_the_documented_axes():
     assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
     assert [t.get_text() for t in ax.get_yticklabels()] == ["a"]
     assert ax.get_xlabel() and ax.get_legend() is not None
+    fig = predictions_figure([Point("lower", 10.0, 10.0, None, bound=True)], Measured(20.0, 10.0, 40.0), "t")
+    markers = [line.get_marker() for line in fig.axes[0].get_lines()]
+    assert "|" in markers and ">" in markers and "o" not in markers  # a bound: its end and the open side, no dot
     fig = b_simple_figure([Series("r", [0, 10], [1.0, 2.0], [0.5, None], [2.0, None])], Measured(3.0), "t")
     (ax,) = fig.axes
     assert ax.get_xscale() == "symlog" and ax.get_yscale() == "log"
@@ -300,3 +311,47 @@ def test_a_prediction_without_an_interval_is_not_read_as_unbounded(tmp_path):
     records = read_predictions([write_lines(tmp_path / "p.jsonl", [no_interval, unbounded])])
     assert [r.has_interval for r in records] == [False, True]
     assert records[1].high is None
+
+
+def test_scores_each_predictor_on_its_own_beside_the_baselines(tmp_path, trials):
+    """The section's scores (docs/methods.md, "Scoring predictors"): only the protocol checkpoint (here
+    recorded as step 100) is scored, a bound is counted apart, and the two baselines are the workload's
+    default batch size (128) and sqrt(8 * 128) = 32, all against the report's own B_crit."""
+    import math
+
+    from batchlab.report.build import build_report
+
+    store = publish(tmp_path / "store", [t for t in trials if t["workload"] == SGD])
+    path = write_lines(tmp_path / "p.jsonl", [
+        prediction("b_simple", 6.0, 4.0, 9.0, protocol_steps_at=100),
+        prediction("b_simple", 16.0, 12.0, 20.0, protocol_steps_at=100, steps_at=30),  # off the checkpoint
+        prediction("b_noise", 30.0, 12.0, None, protocol_steps_at=100)], blank=False)
+    summary = build_report(store, tmp_path / "r.html", n_boot=5, predictions=[path])
+    bc = _b_crit(summary, SGD_UNIT)["value"]
+    rows = {r["quantity"]: r for r in csv.DictReader((tmp_path / "r.csv").open()) if r["unit"] == "predictor scores"}
+    assert float(rows["b_simple: n_points"]["value"]) == 1
+    assert float(rows["b_simple: geometric_error"]["value"]) == pytest.approx(math.exp(abs(math.log(6.0 / bc))))
+    assert float(rows["b_simple: within_2x_share"]["value"]) == (1.0 if 0.5 <= 6.0 / bc <= 2 else 0.0)
+    assert (rows["b_noise: n_points"]["value"], rows["b_noise: n_bounds"]["value"]) == ("0", "1")
+    assert rows["b_noise: geometric_error"]["value"] == ""
+    for name, value in (("baseline: default batch size", 128.0), ("baseline: swept geometric mean", 32.0)):
+        assert float(rows[f"{name}: geometric_error"]["value"]) == pytest.approx(math.exp(abs(math.log(value / bc))))
+
+
+def test_scores_part_table_and_line_on_hand_made_units(tmp_path):
+    from types import SimpleNamespace
+
+    from batchlab.report.predictions import read_predictions, scores_part
+
+    sizes = [SimpleNamespace(batch_size=b, n_trials=4) for b in (8, 32, 128)]
+    unit = SimpleNamespace(key=SGD_UNIT, b_crit={"value": 40.0, "low": 20.0, "high": 80.0}, results=sizes)
+    path = write_lines(tmp_path / "p.jsonl", [prediction("b_simple", 60.0, 40.0, 90.0, protocol_steps_at=100),
+                                               prediction("b_noise", 30.0, 100.0, None, protocol_steps_at=100)])
+    part = scores_part([unit], read_predictions([path]))
+    assert part["line"] == ("prediction scores (1 units, protocol checkpoint): b_simple 1/1 within 2x, geometric "
+                            "error 1.50x; b_noise 0/0 within 2x, geometric error -, 1 bounds (0 consistent); "
+                            "baseline: default batch size 0/1 within 2x, geometric error 3.20x; baseline: swept "
+                            "geometric mean 1/1 within 2x, geometric error 1.25x")
+    by = {row[0]: row for row in part["table"].rows}
+    assert by["b_noise"][-1] == ">= 100 no" and by["b_simple"][-1] == "1.5x"
+    assert part["json"]["units"] == [SGD_UNIT]

@@ -43,13 +43,16 @@ class Measured:
 @dataclass(frozen=True)
 class Point:
     """One prediction: a row ``label``, its ``value`` and interval ``low``/``high`` (None: unbounded);
-    ``has_interval`` False: the prediction has no interval (only the marker is drawn)."""
+    ``has_interval`` False: the prediction has no interval (only the marker is drawn); ``bound`` True:
+    the prediction is a bound (``value`` the bound, one side of the interval unbounded): drawn as a bar
+    from the bound to the open side with a bar-shaped marker at the bound, no point marker."""
 
     label: str
     value: float | None
     low: float | None = None
     high: float | None = None
     has_interval: bool = True
+    bound: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,8 @@ def predictions_figure(points: Sequence[Point], measured: Measured, title: str) 
     """Predicted critical batch sizes (one row per point, top to bottom in order) on a log2 x axis.
 
     Each drawn point is a marker with a horizontal bar over its interval (the marker alone when it has
-    none); an unbounded side runs to the axis edge and ends in an arrow. When ``measured`` is drawn: a vertical line at its value, its
+    none); an unbounded side runs to the axis edge and ends in an arrow; a bound has a bar-shaped marker
+    at the bound instead of a point. When ``measured`` is drawn: a vertical line at its value, its
     interval shaded, and the band from value/2 to 2 x value shaded more lightly (the "within 2x" band).
     Points whose value is missing or not positive are left out (the caller names them in its caption).
     """
@@ -112,7 +116,10 @@ def predictions_figure(points: Sequence[Point], measured: Measured, title: str) 
             ax.plot([lo], [y], marker="<", color=colors[i], ms=7)
         if p.high is None or not math.isfinite(float(p.high)):
             ax.plot([hi], [y], marker=">", color=colors[i], ms=7)
-        ax.plot([v], [y], marker="o", color=colors[i], ms=7, markeredgecolor="black")
+        if p.bound:
+            ax.plot([v], [y], marker="|", color="black", ms=14, mew=2)
+        else:
+            ax.plot([v], [y], marker="o", color=colors[i], ms=7, markeredgecolor="black")
     log2_x_axis(ax)
     ax.xaxis.set_major_locator(LogLocator(base=2, numticks=8))  # wide ranges: every other octave or sparser
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: tick_text(v)))

@@ -1,8 +1,10 @@
 """Every predictor's critical batch size for one workload and optimizer, beside the measured one.
 
 :func:`predict` trains one reference run (:func:`batchlab.probes.reference.reference_checkpoints`, the
-run ``batchlab train`` makes with the same settings) to the checkpoint ``steps_at`` (default: a quarter
-of the workload's default step budget, :func:`default_steps_at`) and measures there, on fixed probe
+run ``batchlab train`` makes with the same settings; with a store, at the tuned hyperparameters of the
+measured batch size nearest the reference batch size, :func:`tuned_reference`, the scoring protocol of
+:mod:`batchlab.probes.scoring`) to the checkpoint ``steps_at`` (default: the protocol checkpoint, a
+quarter of the workload's default step budget, :func:`default_steps_at`) and measures there, on fixed probe
 batches of training examples (:func:`batchlab.probes.reference.probe_batches`):
 
 * ``b_simple``: B_simple = tr(Sigma) / |G|^2 (:func:`batchlab.probes.noise_scale.noise_scale`,
@@ -22,7 +24,8 @@ With ``store`` the measured ``mccandlish_b_crit`` of every unit (:mod:`batchlab.
 store workload ``<workload name>/<optimizer>`` (``unit_id`` keeps the units whose group or study ids
 contain it), by :func:`batchlab.analysis.bootstrap.critical_batch_size_with_intervals` with the
 unit's goal (:func:`batchlab.report.units.unit_goal`), with its profile-likelihood interval. Then per
-predictor and unit: ``ratio = predicted / measured`` (``ratio_low``/``ratio_high``: the range of ratios
+predictor and unit: ``ratio = predicted / measured`` (a point only: a prediction whose interval is open on
+one side is a bound, ``kind``/``bound``, with no ratio; ``ratio_low``/``ratio_high``: the range of ratios
 consistent with both intervals, ``low_pred / high_meas`` to ``high_pred / low_meas``, not itself a
 confidence interval), and ``compute_fraction = examples / sweep_examples``.
 
@@ -45,7 +48,7 @@ from typing import Any
 
 from batchlab.errors import BatchlabError
 
-__all__ = ["PREDICTORS", "default_steps_at", "measured_units", "predict"]
+__all__ = ["PREDICTORS", "default_steps_at", "measured_units", "predict", "tuned_batch_sizes", "tuned_reference"]
 
 #: The predictors, in the order they are reported.
 PREDICTORS = ("b_simple", "b_simple_adam", "b_noise", "calibrated_nqm", "branched")
@@ -98,7 +101,7 @@ def measured_units(store, store_workload: str, unit_id: str | None = None, *, n_
         out = []
         for unit in mine:
             entry: dict[str, Any] = {"unit": unit.name, "group": unit.group, "goal": None, "b_crit": None, "low": None,
-                                     "high": None, "extrapolated": None, "level": level, "reason": ""}
+                                     "high": None, "extrapolated": None, "level": level, "reason": "", "tuned": []}
             with restricted(con, unit):
                 entry["trials"], entry["sweep_examples"] = unit_examples(con, unit)
                 entry["goal_train_loss"], entry["goal_train_trials"] = goal_training_loss(con, unit.workload)
@@ -120,6 +123,7 @@ def measured_units(store, store_workload: str, unit_id: str | None = None, *, n_
                                 continue
                             entry["reason"] = f"no S(B) fit: {exc}"
                             break
+                    entry["tuned"] = tuned_batch_sizes(con, unit.workload, goal)
                     if estimate is not None:
                         summary = estimate.to_dict()
                         named = summary["critical_batch_sizes"]["mccandlish_b_crit"]
@@ -139,6 +143,44 @@ def measured_units(store, store_workload: str, unit_id: str | None = None, *, n_
         return out
     finally:
         con.close()
+
+
+def tuned_batch_sizes(con, store_workload: str, goal: dict) -> list[dict]:
+    """The tuned hyperparameters of every reached batch size of ``store_workload`` at ``goal``: one dict
+    per batch size, increasing, with ``batch_size``, ``trial_id`` (the best trial: the one attaining the
+    steps to result, ties to the lower id), ``steps``, ``study_ids`` and ``hyperparameters`` (that
+    trial's parameters). The trial-count rule is ``auto``, else every trial (as for the fit); empty when
+    neither selection can be analysed. ``con``: a store connection restricted to one unit."""
+    from batchlab.analysis.selection import Selection
+    from batchlab.analysis.steps_to_result import steps_to_result_many
+
+    for max_trials in ("auto", None):
+        selection = Selection(store_workload, goal["metric"], goal["goal"], maximize=goal["maximize"],
+                              max_trials=max_trials)
+        try:
+            results = steps_to_result_many(con, [selection])[0]
+        except BatchlabError:
+            continue
+        return [{"batch_size": int(r.batch_size), "trial_id": r.trial_id, "steps": r.steps,
+                 "study_ids": list(r.study_ids), "hyperparameters": dict(r.parameters)}
+                for r in results if r.reached and r.parameters]
+    return []
+
+
+def tuned_reference(measured: list[dict], batch_size: int) -> dict | None:
+    """The reference run's tuned hyperparameters by the scoring protocol (docs/methods.md, "Scoring
+    predictors"): those of the measured batch size nearest ``batch_size`` in log B (ties: the smaller)
+    in the first unit of ``measured`` with a reached batch size. Returns ``{"rule": "tuned", "unit",
+    "from_batch_size", "from_trial", "from_steps", "from_studies", "hyperparameters"}`` or None when no
+    unit has one."""
+    for m in measured:
+        tuned = m.get("tuned") or []
+        if tuned:
+            best = min(tuned, key=lambda t: (abs(math.log(t["batch_size"] / batch_size)), t["batch_size"]))
+            return {"rule": "tuned", "unit": m["unit"], "from_batch_size": best["batch_size"],
+                    "from_trial": best["trial_id"], "from_steps": best["steps"], "from_studies": best["study_ids"],
+                    "hyperparameters": dict(best["hyperparameters"])}
+    return None
 
 
 #: The training-loss metric a matched calibrated-NQM target reads from the store.
@@ -209,14 +251,22 @@ def predict(workload: Any, optimizer: str, *, store=None, unit_id: str | None = 
     """Every predictor's critical batch size, the measured one and their ratios (module docstring).
 
     ``workload``: what ``sweep`` accepts; ``optimizer``: a batchlab optimizer; the reference run uses
-    ``batch_size`` (default the workload's), ``learning_rate`` (default the optimizer's registered default)
-    and ``hyperparameters``. ``progress(message)`` is called before each measurement.
+    ``batch_size`` (default the workload's) and, by the scoring protocol (:func:`tuned_reference`): with
+    a store and no ``learning_rate``, the tuned hyperparameters (the best trial's) of the measured batch
+    size nearest ``batch_size`` in log B, ``hyperparameters`` overriding them; else ``learning_rate``
+    (default the optimizer's registered default) and ``hyperparameters``. ``settings.reference`` records
+    the rule (``tuned``, ``given``, ``default``), the learning rate and, when tuned, the unit, batch
+    size, trial and studies it came from; ``settings.protocol_steps_at`` the protocol checkpoint
+    (:func:`default_steps_at`), ``checkpoint_rule`` (``protocol`` or ``given``) and
+    ``default_batch_size`` the workload's. ``progress(message)`` is called before each measurement.
 
     Returns ``{"workload", "store_workload", "optimizer", "settings", "predictors": [...], "measured":
     [...] (empty without a store), "rows": [...]}``; each row is one predictor against one measured unit
     (or alone): ``predictor``, ``critical_batch_size``, ``low``, ``high``, ``interval_method``,
-    ``examples``, ``note``, ``unit``, ``measured``, ``measured_low``, ``measured_high``, ``ratio``,
-    ``ratio_low``, ``ratio_high``, ``sweep_examples``, ``compute_fraction``.
+    ``examples``, ``note``, ``kind`` and ``bound`` (:func:`batchlab.probes.scoring.classify`: a
+    prediction whose interval is open on one side is a bound, never a point), ``unit``, ``measured``,
+    ``measured_low``, ``measured_high``, ``ratio`` (points only), ``ratio_low``, ``ratio_high``,
+    ``sweep_examples``, ``compute_fraction``.
 
     Raises:
         BatchlabError (one line), before anything trains: unknown workload or optimizer, a store
@@ -233,10 +283,9 @@ def predict(workload: Any, optimizer: str, *, store=None, unit_id: str | None = 
     say = progress or (lambda message: None)
     w = resolve_workload(workload)
     defaults = optimizer_defaults(optimizer)  # unknown optimizer: one line naming the closest
-    hp = dict(hyperparameters or {})
-    hp["learning_rate"] = defaults["learning_rate"] if learning_rate is None else float(learning_rate)
     batch = w.default_batch_size if batch_size is None else int(batch_size)
-    step = default_steps_at(w) if steps_at is None else steps_at
+    protocol_step = default_steps_at(w)
+    step = protocol_step if steps_at is None else steps_at
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise BatchlabError(f"--steps-at must be one integer >= 0 (the checkpoint's step), got {steps_at!r}")
     fraction = DEFAULT_TARGET_FRACTION if target_fraction is None else float(target_fraction)
@@ -245,6 +294,18 @@ def predict(workload: Any, optimizer: str, *, store=None, unit_id: str | None = 
     target_rule = "default" if target_fraction is None else "given"
     store_workload = f"{w.name}/{optimizer}"
     measured = measured_units(store, store_workload, unit_id, n_boot=n_boot, level=level, seed=seed) if store else []
+    tuned = tuned_reference(measured, batch) if learning_rate is None else None
+    if tuned is not None:  # the protocol's reference run: the nearest measured batch size's tuned values
+        hp = {**tuned["hyperparameters"], **(hyperparameters or {})}
+        hp.setdefault("learning_rate", defaults["learning_rate"])
+        reference_info = {**tuned, "learning_rate": float(hp["learning_rate"])}
+    else:
+        hp = dict(hyperparameters or {})
+        hp["learning_rate"] = defaults["learning_rate"] if learning_rate is None else float(learning_rate)
+        rule = "given" if learning_rate is not None else "default"
+        reference_info = {"rule": rule, "learning_rate": hp["learning_rate"],
+                          "reason": "--learning-rate given" if rule == "given" else (
+                              "the store has no reached batch size with hyperparameters" if store else "no store")}
 
     checkpoints = reference_checkpoints(w, optimizer, batch, hp, [step], seed=seed, train_examples=train_examples,
                                         device=device)
@@ -348,17 +409,21 @@ def predict(workload: Any, optimizer: str, *, store=None, unit_id: str | None = 
     else:
         predictors.append(_predictor("branched", None, note="skipped (--no-branched)"))
 
+    from batchlab.probes.scoring import classify
+
     rows = []
     for p in predictors:
+        estimate = classify(p["critical_batch_size"], p["low"], p["high"], bool(p["interval_method"]))
         for m in (measured or [None]):
             row = dict(p)
-            row.update({"unit": None, "measured": None, "measured_low": None, "measured_high": None, "ratio": None,
+            row.update({"kind": estimate.kind, "bound": estimate.value if estimate.kind.endswith("bound") else None,
+                        "unit": None, "measured": None, "measured_low": None, "measured_high": None, "ratio": None,
                         "ratio_low": None, "ratio_high": None, "sweep_examples": None, "compute_fraction": None})
             if m is not None:
                 row.update({"unit": m["unit"], "measured": m["b_crit"], "measured_low": m["low"],
                             "measured_high": m["high"], "sweep_examples": m["sweep_examples"]})
                 value, meas = p["critical_batch_size"], m["b_crit"]
-                if value is not None and meas:
+                if estimate.kind == "point" and meas:  # a bound is never a point: no ratio
                     row["ratio"] = value / meas
                     if p["low"] is not None and m["high"]:
                         row["ratio_low"] = p["low"] / m["high"]
@@ -371,6 +436,9 @@ def predict(workload: Any, optimizer: str, *, store=None, unit_id: str | None = 
                 "steps_at": step, "seed": seed, "train_examples": train_examples, "probe_examples": n_probe,
                 "probe_batch_size": per_batch, "target_fraction": fraction, "target_rule": target_rule,
                 "probe_loss": probe_loss, "level": level, "reference_examples": reference,
-                "batch_loss": checkpoint.batch_loss, "trace_sigma": ns.trace_sigma, "grad_norm_sq": ns.grad_norm_sq}
+                "batch_loss": checkpoint.batch_loss, "trace_sigma": ns.trace_sigma, "grad_norm_sq": ns.grad_norm_sq,
+                "reference": reference_info, "protocol_steps_at": protocol_step,
+                "checkpoint_rule": "protocol" if step == protocol_step else "given",
+                "default_batch_size": int(w.default_batch_size)}
     return {"workload": w.name, "store_workload": store_workload, "optimizer": optimizer, "settings": settings,
             "predictors": predictors, "measured": measured, "calibrated": calibrated, "rows": rows}

@@ -24,13 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batchlab.errors import BatchlabError, decode_utf8, one_line
+from batchlab.probes import scoring
 
 #: Keys a ``batchlab predict --json`` record must have (recognised by ``predictor``).
 PREDICTION_KEYS = ("workload", "optimizer", "predictor", "critical_batch_size", "low", "high", "examples", "settings")
 #: Keys a ``batchlab probe noise-scale --json`` record must have (recognised by ``step`` and ``b_simple``).
 NOISE_KEYS = ("step", "workload", "optimizer", "b_simple", "settings")
-#: A prediction is "within 2x" when predicted / measured lies in [1/WITHIN, WITHIN].
-WITHIN = 2.0
+#: A prediction is "within 2x" when predicted / measured lies in [1/WITHIN, WITHIN] (the scoring protocol's).
+WITHIN = scoring.WITHIN
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,12 @@ class Record:
     #: Whether the value comes with an interval (a prediction's ``interval_method``; a noise-scale
     #: record's ``b_simple_interval``): without one, ``low``/``high`` None mean "no interval", not "unbounded".
     has_interval: bool = True
+    #: The protocol checkpoint (``settings.protocol_steps_at``), the workload's default batch size
+    #: (``settings.default_batch_size``) and the reference run's rule (``settings.reference.rule``), as
+    #: recorded by ``batchlab predict``; None in files written before they were recorded.
+    protocol_step: int | None = None
+    default_batch_size: float | None = None
+    reference_rule: str | None = None
 
     @property
     def store_workload(self) -> str:
@@ -119,11 +126,18 @@ def _record(obj: dict, where: str) -> Record:
     if hyperparameters is not None and not isinstance(hyperparameters, dict):
         raise BatchlabError(f"{where}: settings.hyperparameters must be a JSON object, got {hyperparameters!r}")
     rate = settings.get("learning_rate", (hyperparameters or {}).get("learning_rate"))
+    reference = settings.get("reference")
+    if reference is not None and not isinstance(reference, dict):
+        raise BatchlabError(f"{where}: settings.reference must be a JSON object, got {reference!r}")
+    rule = (reference or {}).get("rule")
     common = {
         "where": where, "workload": _text(obj, "workload", where), "optimizer": _text(obj, "optimizer", where),
         "batch_size": _number(settings.get("batch_size"), "settings.batch_size", where),
         "learning_rate": _number(rate, "the learning rate in settings", where),
         "key": json.dumps(settings, sort_keys=True, default=str),
+        "protocol_step": _step(settings.get("protocol_steps_at"), "settings.protocol_steps_at", where),
+        "default_batch_size": _number(settings.get("default_batch_size"), "settings.default_batch_size", where),
+        "reference_rule": None if rule is None else str(rule),
     }
     if kind == "prediction":
         note = obj.get("note")
@@ -230,6 +244,25 @@ def _measured_interval(measured, low, high) -> str:
     return f"[{num(low) if low is not None else '0'}, {num(high) if high is not None else 'inf'}]"
 
 
+def _reading(estimate: scoring.Estimate) -> str:
+    """How the protocol reads a prediction: ``point``, ``lower bound 380``, ``upper bound 90``, ``no value``."""
+    from batchlab.report.content import num
+
+    if estimate.kind == "point":
+        return "point"
+    if estimate.kind == "none":
+        return "no value"
+    return f"{estimate.kind.replace('_', ' ')} {num(estimate.value)}"
+
+
+def _within_text(near: bool | None, consistent: bool | None) -> str:
+    if near is not None:
+        return "yes" if near else "no"
+    if consistent is not None:
+        return "bound, consistent" if consistent else "bound, not consistent"
+    return "-"
+
+
 def _ratio_text(ratio) -> str:
     from batchlab.report.content import num
 
@@ -260,7 +293,9 @@ def _series_label(r: Record) -> str:
 def predictions_section(results, records: list[Record]) -> dict:
     """Match ``records`` to the report's units (``UnitResult`` list) and compute the section.
 
-    Returns ``{"units": [...], "warnings": [...], "rows": [Row, ...], "lines": [...], "json": [...]}``:
+    Returns ``{"units": [...], "warnings": [...], "rows": [Row, ...], "lines": [...], "json": [...],
+    "scores": ...}`` (``scores``: :func:`scores_part` when any prediction record is given, its CSV rows
+    added to ``rows``; else None):
     per unit with any record a dict with ``result``, ``table``, ``figure``, ``noise_table`` and
     ``noise_figure`` (None without noise-scale records), ``line`` and ``json``; warnings for records
     that match no unit; the CSV rows (section ``predictions``); the printed summary lines; one JSON
@@ -286,7 +321,7 @@ def predictions_section(results, records: list[Record]) -> dict:
                 continue
         for u in units:
             matched[u.key][rec.kind].append(rec)
-    out = {"units": [], "warnings": list(dict.fromkeys(warnings)), "rows": [], "lines": [], "json": []}
+    out = {"units": [], "warnings": list(dict.fromkeys(warnings)), "rows": [], "lines": [], "json": [], "scores": None}
     for r in results:
         mine = matched[r.key]
         if not mine["prediction"] and not mine["noise_scale"]:
@@ -297,7 +332,61 @@ def predictions_section(results, records: list[Record]) -> dict:
         out["json"].append(entry["json"])
         if entry["line"]:
             out["lines"].append(entry["line"])
+    if any(rec.kind == "prediction" for rec in records):
+        out["scores"] = scores_part(results, records)
+        out["warnings"] = list(dict.fromkeys(out["warnings"] + out["scores"]["warnings"]))
+        out["rows"].extend(out["scores"].pop("csv"))
     return out
+
+
+def measured_of(result) -> scoring.MeasuredUnit:
+    """A report unit as the scorer's :class:`batchlab.probes.scoring.MeasuredUnit`: its own
+    mccandlish_b_crit and interval and its swept batch sizes (every batch size with trials)."""
+    value, low, high = _measured(result)
+    sizes = tuple(sorted({float(b.batch_size) for b in result.results if getattr(b, "n_trials", 1)}))
+    return scoring.MeasuredUnit(result.key, _finite(value), _finite(low), _finite(high), sizes, "this report")
+
+
+SCORES_UNIT = "predictor scores"
+
+
+def scores_part(results, records: list[Record]) -> dict:
+    """Every predictor scored on its own across the report's units, beside the naive baselines, by the
+    protocol of :mod:`batchlab.probes.scoring` (never strict: a record whose protocol checkpoint is
+    unknown is a warning). Returns ``{"board": Scoreboard, "table": Table, "line": str, "json": dict,
+    "warnings": [...], "csv": [Row, ...]}``."""
+    from batchlab.report.content import Row, Table
+
+    measured = {r.key: measured_of(r) for r in results}
+    board = scoring.score_records(records, measured, strict=False)
+    table = Table(f"Predictor scores across {len(board.units)} units (each predictor on its own)",
+                  list(scoring.SCORE_COLUMNS), scoring.score_table_rows(board),
+                  note=scoring.SCORE_NOTE + " Units, in the per-unit order: " + "; ".join(board.units) + "."
+                  + "".join(f" Not scored (off the protocol checkpoint): {p}: " + ", ".join(
+                      f"{u} step {st}" for u, st in pairs) + "." for p, pairs in board.off_checkpoint.items()))
+    parts = []
+    rows = []
+    for s in board.rows:
+        ci = s.within_interval
+        error = "-" if s.geometric_error is None else f"{s.geometric_error:.2f}x"
+        parts.append(f"{s.predictor} {s.n_within}/{s.n_points} within 2x, geometric error {error}"
+                     + (f", {s.n_bounds} bounds ({s.n_bounds_consistent} consistent)" if s.n_bounds else ""))
+        note = f"over {s.n_points} points of {s.n_units} units" + (" (baseline)" if s.baseline else "")
+        rows.extend([
+            Row(SCORES_UNIT, "predictions", None, f"{s.predictor}: within_2x_share", s.within_share,
+                None if ci is None else ci[0], None if ci is None else ci[1],
+                f"{note}; lower/upper: exact {s.level:.0%} interval of the share"),
+            Row(SCORES_UNIT, "predictions", None, f"{s.predictor}: geometric_error", s.geometric_error, None, None,
+                f"exp(mean |ln(predicted/measured)|), {note}"),
+            Row(SCORES_UNIT, "predictions", None, f"{s.predictor}: n_points", s.n_points, None, None, note),
+            Row(SCORES_UNIT, "predictions", None, f"{s.predictor}: n_bounds", s.n_bounds, None, None,
+                f"{s.n_bounds_consistent} consistent (allow a value within 2x)"),
+            Row(SCORES_UNIT, "predictions", None, f"{s.predictor}: n_none", s.n_none, None, None, "no value"),
+        ])
+    line = f"prediction scores ({len(board.units)} units, protocol checkpoint): " + "; ".join(parts)
+    # records matching no unit are already the section's own warnings
+    warnings = [w for w in board.warnings if not w.startswith("predictions for ")]
+    return {"board": board, "table": table, "line": line, "json": board.to_dict(), "warnings": warnings, "csv": rows}
 
 
 def _unit_part(result, predictions: list[Record], noise: list[Record], with_group: bool) -> dict:
@@ -338,17 +427,27 @@ def _prediction_part(result, predictions: list[Record], with_group: bool, entry:
     labels = _labels(chosen)
     table_rows, json_rows, parts, close = [], [], [], []
     for label, rec in zip(labels, chosen):
+        estimate = scoring.classify(rec.value, rec.low, rec.high, rec.has_interval)
         ratio, ratio_low, ratio_high = ratios(rec.value, rec.low, rec.high, measured, m_low, m_high)
+        consistent = None
+        if estimate.kind != "point":  # a bound (or nothing) is never a point: no ratio, no within 2x
+            ratio = None
+            if estimate.kind != "none" and _usable(measured):
+                consistent = scoring.score_unit(scoring.MeasuredUnit(name, measured, m_low, m_high),
+                                                estimate).consistent
         near = within(ratio)
+        reading = _reading(estimate)
         fraction = rec.examples / result.sweep_examples if rec.examples is not None and result.sweep_examples else None
         table_rows.append([
             rec.predictor, "-" if rec.step is None else rec.step, num(rec.batch_size), num(rec.learning_rate),
-            num(rec.value), _interval(rec.low, rec.high), num(measured), _measured_interval(measured, m_low, m_high),
-            num(ratio, 3), f"{num(ratio_low, 3)} to {num(ratio_high, 3)}", "-" if near is None else ("yes" if near else "no"),
-            num(fraction, 3), rec.note])
+            num(rec.value), _interval(rec.low, rec.high), reading, num(measured),
+            _measured_interval(measured, m_low, m_high), num(ratio, 3), f"{num(ratio_low, 3)} to {num(ratio_high, 3)}",
+            _within_text(near, consistent), num(fraction, 3), rec.note])
         json_rows.append({"label": label, "predictor": rec.predictor, "steps_at": rec.step, "batch_size": rec.batch_size,
                           "learning_rate": rec.learning_rate, "predicted": rec.value, "low": rec.low, "high": rec.high,
                           "measured": _finite(measured), "measured_low": _finite(m_low), "measured_high": _finite(m_high),
+                          "kind": estimate.kind, "bound": estimate.value if estimate.kind.endswith("bound") else None,
+                          "bound_consistent": consistent,
                           "ratio": ratio, "ratio_low": ratio_low, "ratio_high": ratio_high, "within_2x": near,
                           "examples": rec.examples, "sweep_examples": result.sweep_examples, "compute_fraction": fraction,
                           "note": rec.note, "source": rec.where})
@@ -361,13 +460,20 @@ def _prediction_part(result, predictions: list[Record], with_group: bool, entry:
             Row(name, "predictions", None, f"{label}: predicted_b_crit", rec.value, rec.low, rec.high, rec.note),
             Row(name, "predictions", None, f"{label}: ratio", ratio, ratio_low, ratio_high,
                 "predicted / measured; lower/upper: the ratio range from the two intervals, not a confidence interval"),
-            Row(name, "predictions", None, f"{label}: within_2x", near, None, None, "0.5 <= ratio <= 2"),
+            Row(name, "predictions", None, f"{label}: within_2x", near, None, None,
+                "0.5 <= ratio <= 2" if estimate.kind == "point" else f"{reading}: no ratio, never a point"),
+            *([Row(name, "predictions", None, f"{label}: bound", estimate.value, None, None,
+                   f"{reading}; consistent (allows a value within 2x): {consistent}")]
+              if estimate.kind.endswith("bound") else []),
             Row(name, "predictions", None, f"{label}: examples", rec.examples, None, None,
                 "the predictor's compute as recorded (reference run included)"),
             Row(name, "predictions", None, f"{label}: compute_fraction", fraction, None, None,
                 "examples / the unit's sweep_examples"),
         ])
-        parts.append(f"{label} {num(rec.value)}" + (f" ({_ratio_text(ratio)}x)" if ratio is not None else ""))
+        if estimate.kind.endswith("bound"):
+            parts.append(f"{label} {'>=' if estimate.kind == 'lower_bound' else '<='} {num(estimate.value)} (bound)")
+        else:
+            parts.append(f"{label} {num(rec.value)}" + (f" ({_ratio_text(ratio)}x)" if ratio is not None else ""))
         if near:
             close.append(label)
     head = f"predictions {result.unit.base} {result.unit.optimizer}" + (f" [{result.unit.group}]" if with_group else "")
@@ -379,23 +485,35 @@ def _prediction_part(result, predictions: list[Record], with_group: bool, entry:
     entry["table"] = Table(
         "Predicted critical batch sizes against this unit's measured mccandlish_b_crit",
         ["predictor", "checkpoint step", "reference batch size", "reference learning rate", "predicted B_crit",
-         "predicted interval", "measured B_crit", f"measured interval{f' ({level:.0%})' if level else ''}", "ratio",
+         "predicted interval", "reading", "measured B_crit", f"measured interval{f' ({level:.0%})' if level else ''}", "ratio",
          "ratio range", "within 2x", "compute fraction", "note"], table_rows,
         note="ratio = predicted / measured (the report's own mccandlish_b_crit of this unit, not the number stored "
              "with the prediction). The ratio range runs from predicted low / measured high to predicted high / "
              "measured low: the ratios consistent with both intervals, not a confidence interval of the ratio "
-             "('-' where a side is unbounded or missing). Within 2x: 0.5 <= ratio <= 2. Compute fraction = the "
+             "('-' where a side is unbounded or missing). Reading: a prediction whose interval is open on one "
+             "side is a bound (a lower bound: its low end), never a point: it has no ratio and no within 2x, only "
+             "whether it allows a value within 2x of the measured one (consistent). Within 2x: 0.5 <= ratio <= 2. "
+             "Compute fraction = the "
              "predictor's examples as recorded (reference run included) / the unit's sweep examples "
              f"({result.sweep_examples}: steps x batch size summed over the {result.sweep_trials} trials of its "
              "analysed studies, any status). Predictions differing only in the unit they were compared with are one row.")
-    points = [Point(label, rec.value, rec.low, rec.high, rec.has_interval) for label, rec in zip(labels, chosen)]
+    points = []
+    for label, rec in zip(labels, chosen):
+        estimate = scoring.classify(rec.value, rec.low, rec.high, rec.has_interval)
+        if estimate.kind == "lower_bound":
+            points.append(Point(label, estimate.value, estimate.value, None, True, bound=True))
+        elif estimate.kind == "upper_bound":
+            points.append(Point(label, estimate.value, None, estimate.value, True, bound=True))
+        else:
+            points.append(Point(label, rec.value, rec.low, rec.high, rec.has_interval))
     missing = [p.label for p in points if not _usable(p.value)]
     figure = predictions_figure(points, Measured(measured, m_low, m_high),
                                 f"{result.unit.name}: predicted vs measured B_crit")
     entry["figure"] = FigureOut(
         _slug(f"predictions-{result.unit.name}"),
         "Predicted critical batch sizes (dots) with their intervals (bars; an arrow: unbounded; a dot alone: no "
-        "interval, such as the calibrated NQM's) on a log2 axis, one row "
+        "interval, such as the calibrated NQM's; a bar mark without a dot: a bound, from an interval open on one "
+        "side, never a point) on a log2 axis, one row "
         "per prediction (label@step when several checkpoint steps), against this unit's measured mccandlish_b_crit "
         + (f"{num(measured)} (vertical line, its interval shaded) and the band from half to twice it (lightly shaded)."
            if _usable(measured) else "(none: not drawn).")
