@@ -52,7 +52,7 @@ def test_whole_table_without_group_and_censoring(tmp_path):
 
 def test_too_few_reached_points_is_reported_per_group(tmp_path):
     path = tmp_path / "t.csv"
-    path.write_text("g,batch_size,steps\na,1,100\na,2,50\na,4,25\nb,1,100\nb,2,\n")
+    path.write_text("g,batch_size,steps,budget\na,1,100,\na,2,50,\na,4,25,\nb,1,100,\nb,2,,200\n")
     out = fit_steps_table(path, group_by="g")
     assert out[0]["error"] is None and "at least 2" in out[1]["error"] and out[1]["mccandlish_b_crit"] is None
 
@@ -142,8 +142,95 @@ def test_a_steps_table_in_another_encoding_is_one_line(tmp_path, data, fragment)
 
 def test_an_infinite_steps_value_means_not_reached(tmp_path):
     infinite, empty = tmp_path / "inf.csv", tmp_path / "empty.csv"
-    infinite.write_text("batch_size,steps\n1,100\n2,50\n4,30\n8,inf\n")
-    empty.write_text("batch_size,steps\n1,100\n2,50\n4,30\n8,\n")
+    infinite.write_text("batch_size,steps,budget\n1,100,\n2,50,\n4,30,\n8,inf,40\n")
+    empty.write_text("batch_size,steps,budget\n1,100,\n2,50,\n4,30,\n8,,40\n")
     (entry,) = fit_steps_table(infinite)
     assert entry["regimes"][-1] == {"batch_size": 8, "steps": None, "regime": None} and entry["points_used"] == 3
+    assert entry["censored_batch_sizes"] == [8]
     assert entry == fit_steps_table(empty)[0]  # the same path: an empty cell
+
+
+def noisy_table(path, b_crit=64.0, s_min=1000.0, noise=0.1, seed=3, extra_columns=""):
+    rng = np.random.default_rng(seed)
+    sizes = 2 ** np.arange(0, 12)
+    steps = np.round(s_min * (1 + b_crit / sizes) * np.exp(noise * rng.standard_normal(sizes.size))).astype(int)
+    path.write_text("batch_size,steps\n" + "".join(f"{b},{s}\n" for b, s in zip(sizes, steps)))
+    return path, sizes, steps
+
+
+def test_each_fit_value_has_its_profile_likelihood_interval(tmp_path):
+    """Issue 21, item 8: --steps-table printed no intervals although its help said so. Known truth:
+    a hyperbola B_crit 64, S_min 1000 with 10% scatter; the intervals are those analyze gives a store
+    whose batch sizes hold one trial each (bootstrap_critical_batch_size: the same fit, another path)."""
+    from batchlab.analysis.bootstrap import bootstrap_critical_batch_size
+
+    path, sizes, steps = noisy_table(tmp_path / "t.csv")
+    (entry,) = fit_steps_table(path)
+    intervals = entry["intervals"]
+    assert set(intervals) == {"s_min", "e_min", "mccandlish_b_crit", "overhead_20pct", "fit_perfect_scaling_end",
+                              "fit_maximal_parallelism_start"}
+    b_crit = intervals["mccandlish_b_crit"]
+    assert b_crit["low"] < 64 < b_crit["high"] and b_crit["low"] < entry["mccandlish_b_crit"] < b_crit["high"]
+    assert intervals["s_min"]["low"] < 1000 < intervals["s_min"]["high"]
+    assert entry["interval"]["level"] == 0.9 and "profile likelihood" in entry["interval"]["method"]
+    store_like = bootstrap_critical_batch_size({int(b): np.array([float(s)]) for b, s in zip(sizes, steps)}, n_boot=1)
+    for name, (low, high) in store_like.intervals.items():
+        if name in intervals:
+            assert intervals[name]["low"] == pytest.approx(low, rel=1e-9)
+            assert intervals[name]["high"] == pytest.approx(high, rel=1e-9)
+    wider = fit_steps_table(path, level=0.99)[0]["intervals"]["mccandlish_b_crit"]
+    assert wider["low"] < b_crit["low"] and wider["high"] > b_crit["high"]
+    json.dumps(entry)
+
+
+def test_two_points_have_no_interval_and_say_why(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("batch_size,steps\n1,1000\n16,100\n")
+    (entry,) = fit_steps_table(path)
+    assert entry["intervals"]["mccandlish_b_crit"] == {"low": None, "high": None}
+    assert "no residual degrees of freedom" in entry["interval"]["note"]
+
+
+def test_an_unreached_row_takes_its_steps_as_the_bound_where_its_budget_is_empty(tmp_path):
+    """Issue 21, item 8: with a budget column, an unreached row whose budget cell was empty was dropped
+    silently even where its steps (the steps it ran) were given."""
+    path = tmp_path / "t.csv"
+    path.write_text("batch_size,steps,reached,budget\n16,64000,true,\n64,16500,true,\n256,4600,true,\n"
+                    "1024,3000,false,\n4096,,false,2500\n")
+    (entry,) = fit_steps_table(path)
+    assert entry["censored_batch_sizes"] == [1024, 4096]
+    assert steps_table_curves(read_steps_table(path))[0][1].censored_at == (None, None, None, 3000, 2500)
+
+
+def test_pass_through_columns_are_copied_per_batch_size(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("batch_size,steps,n_trials,second_steps\n1,1000,4,1100\n4,300,4,\n16,120,2,inf\n64,70,1,\n")
+    (entry,) = fit_steps_table(path)
+    assert [(r["n_trials"], r["second_steps"]) for r in entry["regimes"]] == [(4, 1100), (4, None), (2, None), (1, None)]
+    assert "n_trials" not in fit_steps_table(noisy_table(tmp_path / "u.csv")[0])[0]["regimes"][0]
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        # issue 21, item 8: rows that were dropped silently, or rounded to 0 steps ("goal met at step 0")
+        ("batch_size,steps\n1,100\n2,50\n4,\n8,\n", "unreached row(s) 3, 4 (batch size(s) [4, 8]) have no budget: "
+                                                      "add a 'budget' column"),
+        ("batch_size,steps,reached,budget\n1,100,true,\n2,,false,\n4,30,true,\n", "unreached row(s) 2 (batch size(s) [2])"),
+        ("batch_size,steps\n1,100\n2,0.4\n4,30\n", "steps must be whole numbers (steps count updates), got [0.4] in row(s) 2"),
+        ("batch_size,steps\n1,100.5\n2,50\n4,30.25\n", "got [100.5, 30.25] in row(s) 1, 3"),
+        ("batch_size,steps,reached,budget\n1,100,true,\n2,,false,2.5\n", "budget must be whole numbers"),
+        ("batch_size,steps,steps_lower\n1,100,90.5\n2,50,40\n", "steps_lower must be whole numbers"),
+        ("batch_size,steps,n_trials\n1,100,0\n2,50,3\n", "n_trials must be >= 1 (or empty), got [0.0] in row(s) 1"),
+        ("batch_size,steps,n_trials\n1,100,2.5\n2,50,3\n", "n_trials must be whole numbers"),
+        ("batch_size,steps,second_steps\n1,100,90\n2,50,60\n", "second_steps must be >= steps where the goal was "
+                                                                 "reached (and empty where it was not), got [90.0] in row(s) 1"),
+        ("batch_size,steps,reached,budget,second_steps\n1,100,true,,\n2,,false,80,90\n", "got [90.0] in row(s) 2"),
+    ],
+)
+def test_unbounded_and_fractional_rows_are_one_line_errors_naming_the_rows(tmp_path, text, fragment):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    with pytest.raises(BatchlabError) as info:
+        fit_steps_table(path)
+    assert fragment in str(info.value) and "\n" not in str(info.value)

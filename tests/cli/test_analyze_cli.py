@@ -488,3 +488,33 @@ def test_raced_study_stricter_goal_is_one_line_exit_2(capsys, raced_store):
     code, out, err = run(capsys, "analyze", "critical-batch-size", "--store", str(path), "--workload", SGD,
                          "--metric", E, "--goal", "0.015", "--json")
     assert (code, out) == (2, "") and "is not determined" in err
+
+
+def test_steps_table_prints_each_values_interval(capsys, tmp_path):
+    """Issue 21, item 8: --steps-table printed no intervals although its help said so."""
+    from batchlab.cli.output import fmt
+
+    factors = (1.1, 0.95, 1.05, 0.9, 1.08, 0.97)
+    rows = [(b, round(1000 * (1 + 64 / b) * f), "sgd") for b, f in zip((4, 16, 64, 256, 1024, 4096), factors)]
+    table = write_table(tmp_path / "steps.csv", rows)
+    base = ["analyze", "critical-batch-size", "--steps-table", table, "--group-by", "optimizer", "--level", "0.8"]
+    code, out, err = run(capsys, *base, "--json")
+    assert code == 0, err
+    (group,) = map(json.loads, out.splitlines())
+    interval = group["intervals"]["mccandlish_b_crit"]
+    assert interval["low"] < group["mccandlish_b_crit"] < interval["high"] and group["interval"]["level"] == 0.8
+    code, out, err = run(capsys, *base)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "80% intervals" in text and "intervals: for the parameter of the hyperbola" in text
+    assert f"{fmt(group['mccandlish_b_crit'])} [{fmt(interval['low'])}, {fmt(interval['high'])}]" in text
+
+
+@pytest.mark.parametrize("rows, header, fragment", [
+    ([(4, 1000), (16, 400), (64, "")], "batch_size,steps", "unreached row(s) 3 (batch size(s) [64]) have no budget"),
+    ([(4, 1000), (16, 0.4), (64, 200)], "batch_size,steps", "steps must be whole numbers (steps count updates), got [0.4] in row(s) 2"),
+])
+def test_steps_table_unbounded_or_fractional_rows_are_one_line_exit_2(capsys, tmp_path, rows, header, fragment):
+    table = write_table(tmp_path / "bad.csv", rows, header=header)
+    code, out, err = run(capsys, "analyze", "critical-batch-size", "--steps-table", table)
+    assert (code, out) == (2, "") and err.startswith("error: ") and err.count("\n") == 1 and fragment in err

@@ -9,7 +9,10 @@ object per batch size and unit, with the resolution bracket of each steps to res
 label (``unit``, ``study_group``); ``batchlab analyze critical-batch-size`` with the same selection
 prints, per unit (``--json``: one object per unit), the S(B) fit, each named critical batch size with its interval, what the numbers rest on
 (measured batch-size range, points used, B0, warnings) and the regimes; with ``--steps-table FILE``
-it fits a plain table of steps instead (docs/methods.md).
+it fits a plain table of steps instead (docs/methods.md), each value with its interval.
+``batchlab analyze scaling --steps-table FILE --group-by COLUMN --x COLUMN [--at X,...] [--json]`` fits
+each group's curve, then B_crit and S_min against the group's size as power laws
+(:mod:`batchlab.analysis.scaling`; docs/methods.md, "Scaling across groups").
 
 The selection options are those of :mod:`batchlab.cli.options` (shared with ``batchlab plot``);
 everything printed goes through :mod:`batchlab.cli.output`.
@@ -222,8 +225,8 @@ def critical_batch_size_command(
     tolerance: opt.Tolerance = 0.1,
     steps_table: Annotated[Optional[Path], typer.Option(
         "--steps-table", metavar="FILE",
-        help="Fit a plain table (CSV or Parquet: columns batch_size and steps, optional reached and budget) "
-             "instead of a store.")] = None,
+        help="Fit a plain table (CSV or Parquet: columns batch_size and steps, optional reached, budget, "
+             "steps_lower, n_trials, second_steps) instead of a store; intervals at --level.")] = None,
     group_by: Annotated[Optional[str], typer.Option(
         "--group-by", metavar="COLUMN", help="With --steps-table: fit one curve per value of this column.")] = None,
     b0: opt.B0 = None,
@@ -240,7 +243,7 @@ def critical_batch_size_command(
                                           ("--metric", metric), ("--goal", goal), ("--study", study)) if value]
         if given:
             raise BatchlabError(f"--steps-table fits the table alone; leave out {', '.join(given)}")
-        _critical_batch_size_table(steps_table, group_by, tolerance, as_json, b0)
+        _critical_batch_size_table(steps_table, group_by, tolerance, as_json, b0, opt.check_level(level))
         return
     if group_by is not None:
         raise BatchlabError("--group-by needs --steps-table FILE")
@@ -276,12 +279,12 @@ def critical_batch_size_command(
 
 
 def _critical_batch_size_table(path: Path, group_by: str | None, tolerance: float, as_json: bool,
-                               b0: float | None = None) -> None:
+                               b0: float | None = None, level: float = 0.9) -> None:
     """``--steps-table``: fit each group of a plain steps table (batchlab.analysis.steps_table, which
-    checks the file)."""
+    checks the file), each value with its profile-likelihood interval at ``level``."""
     from batchlab.analysis.steps_table import fit_steps_table
 
-    groups = fit_steps_table(path, group_by=group_by, tolerance=tolerance, b0=b0)
+    groups = fit_steps_table(path, group_by=group_by, tolerance=tolerance, b0=b0, level=level)
     if as_json:
         for g in groups:
             emit_json(dict(g))
@@ -296,16 +299,111 @@ def _critical_batch_size_table(path: Path, group_by: str | None, tolerance: floa
         span = row.get("batch_size_range")
         span_text = (f"{cell(span[0])}..{cell(span[1])}" if isinstance(span, (list, tuple)) and len(span) == 2
                      else "")
-        table_rows.append([*(cell(row.get(c)) for c in columns), cell(row.get("b0")), span_text,
-                           cell(row.get("points_used")), "" if row.get("error") else cell(row.get("extrapolated"))])
+        intervals = row.get("intervals") or {}
+        table_rows.append([*(with_interval(row.get(c), intervals.get(c)) for c in columns), cell(row.get("b0")),
+                           span_text, cell(row.get("points_used")),
+                           "" if row.get("error") else cell(row.get("extrapolated"))])
     print_table(f"{path}: S(B) = S_min + E_min / B per {'group' if group_by is None else group_by} "
-                f"(tolerance {tolerance:g})", [*columns, "b0", "measured B", "points", "extrapolated"], table_rows)
+                f"(tolerance {tolerance:g}; [low, high]: {100 * level:g}% intervals)",
+                [*columns, "b0", "measured B", "points", "extrapolated"], table_rows)
+    interval = next((r["interval"] for r in rows if r.get("interval")), None)
+    if interval:
+        line(f"intervals: for the {interval['target']}; {interval['method']}; '-': unbounded on that side")
     for row in rows:
         where = "" if row.get("group") is None else f" ({row.get('group')})"
         if row.get("error"):
             line(f"error{where}: {row['error']}")
+        note_text = (row.get("interval") or {}).get("note")
+        if note_text:
+            line(f"interval{where}: {note_text}")
         for warning in row.get("warnings") or []:
             line(f"warning{where}: {warning}")
+
+
+def with_interval(value, interval) -> str:
+    """A table cell ``value [low, high]`` (``-`` for an unbounded side); the value alone without an interval."""
+    text = cell(value)
+    if not isinstance(interval, dict) or (interval.get("low") is None and interval.get("high") is None):
+        return text
+    low, high = (fmt(interval.get(k)) if interval.get(k) is not None else "-" for k in ("low", "high"))
+    return f"{text} [{low}, {high}]"
+
+
+@analyze_app.command("scaling")
+def scaling_command(
+    steps_table: Annotated[Path, typer.Option(
+        "--steps-table", metavar="FILE",
+        help="A steps table (as for critical-batch-size --steps-table) holding one S(B) curve per group.")],
+    group_by: Annotated[str, typer.Option(
+        "--group-by", metavar="COLUMN", help="The column naming the groups (one S(B) curve each; at least two).")],
+    x: Annotated[str, typer.Option(
+        "--x", metavar="COLUMN",
+        help="The size column (model or data size: a number > 0, the same on every row of a group; may be the "
+             "--group-by column).")],
+    at: Annotated[Optional[str], typer.Option(
+        "--at", metavar="X[,X...]",
+        help="Sizes at which to give each power law's value with its interval (labelled extrapolated outside "
+             "the measured sizes).")] = None,
+    level: opt.Level = 0.9,
+    n_boot: Annotated[int, typer.Option(
+        "--bootstrap", min=1, max=opt.MAX_BOOTSTRAP,
+        help="Replicates of the parametric bootstrap that checks the exponent's interval (at most 100,000).")] = 2000,
+    seed: opt.Seed = 0,
+    as_json: opt.json_option("Print one JSON object: the groups' fits and the power laws.") = False,
+) -> None:
+    """B_crit and S_min against model or data size as power laws q = c * x^b across the groups of a steps
+    table, each group's S(B) fitted as critical-batch-size --steps-table fits it, the exponent's interval
+    carrying each curve's own interval (docs/methods.md, "Scaling across groups")."""
+    from batchlab.analysis.scaling import fit_scaling_table
+
+    sizes = opt.parse_csv(at, "--at", float)
+    result = fit_scaling_table(steps_table, group_by, x, level=opt.check_level(level), n_boot=n_boot,
+                               seed=opt.check_seed(seed), at=sizes)
+    if as_json:
+        emit_json(result)
+        return
+    _print_scaling(json_ready(result, keep_infinite=True))
+
+
+def _print_scaling(result: dict) -> None:
+    """The text form of :func:`batchlab.analysis.scaling.fit_scaling_table`'s result."""
+    from batchlab.analysis.scaling import QUANTITIES
+
+    level = result["level"]
+    sizes = [] if result["x"] == result["group_by"] else [result["x"]]  # the size column, once
+    rows = []
+    for g in result["groups"]:
+        rows.append([cell(g["group"]), *(fmt(g["x"]) for _ in sizes),
+                     *(with_interval(g[k]["value"], g[k]) if not g.get("error") else "" for k in QUANTITIES),
+                     cell(g.get("points_used")),
+                     "..".join(cell(b) for b in g.get("batch_size_range") or []), g.get("error") or ""])
+    print_table(f"{result['steps_table']}: S(B) fitted per {result['group_by']} ([low, high]: {100 * level:g}% "
+                "intervals; '-': unbounded on that side)",
+                [result["group_by"], *sizes, *QUANTITIES.values(), "points", "measured B", "error"], rows)
+    for key, name in QUANTITIES.items():
+        fit = result["fits"][key]
+        if fit.get("error"):
+            line(f"{name}: no power law: {fit['error']}")
+            continue
+        b, c, boot = fit["exponent"], fit["prefactor"], fit["bootstrap"]
+        span = fit["x_range"]
+        dof = fit["dof"]
+        quantile = f"t quantile, {dof} dof" if dof > 0 else "normal quantile, no residual dof"
+        scale = fit.get("residual_scale")
+        line(f"{name} = c * {result['x']}^b: b = {fmt(b['value'])} [{fmt(b['low'])}, {fmt(b['high'])}], c = "
+             f"{fmt(c['value'])} [{fmt(c['low'])}, {fmt(c['high'])}] ({100 * level:g}%; weighted least squares in "
+             f"log space over {fit['n_groups']} groups, {quantile}"
+             + (f", residual variance {fmt(scale)} x the groups' own" if scale is not None else "")
+             + f"; measured {result['x']} {fmt(span[0])}..{fmt(span[1])}); parametric bootstrap check of b: "
+             f"[{fmt(boot['exponent_low'])}, {fmt(boot['exponent_high'])}]")
+        if fit["predictions"]:
+            print_table(f"{name} from the power law ({100 * level:g}% intervals for its value)",
+                        [result["x"], name, "low", "high", "extrapolated"],
+                        [[fmt(p["x"]), fmt(p["value"]), fmt(p["low"]), fmt(p["high"]), fmt(p["extrapolated"])]
+                         for p in fit["predictions"]])
+        for warning in fit["warnings"]:
+            line(f"warning: {warning}")
+    line(f"power laws: for the {result['target']}; {result['method']}")
 
 
 def _print_critical_batch_size(summary: dict, caption: str = "") -> None:
