@@ -92,7 +92,8 @@ def test_predictions_section_line_and_warning(capsys, store, tmp_path):
                             "--predictions", predictions)
     assert code == 0, err
     lines = stdout.splitlines()
-    assert len(lines) == 6 and lines[5].startswith("predictions mnist/fc_64_64_64 sgd: b_simple 8 (")
+    # the unit's predictions line, then the scores of each predictor across units (beside the naive baselines)
+    assert len(lines) == 7 and lines[5].startswith("predictions mnist/fc_64_64_64 sgd: b_simple 8 (")
     assert ", branched 32 (" in lines[5] and " against B_crit " in lines[5] and "; within 2x: " in lines[5]
     assert err == "warning: predictions for cifar10/resnet/sgd: the store has no unit of that workload\n"
     html = out.read_text()

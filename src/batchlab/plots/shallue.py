@@ -378,7 +378,8 @@ def data_regimes(curve: StepsCurve, tolerance: float = 0.1) -> dict:
         return {"b0": None, "perfect_scaling_end": None, "maximal_parallelism_start": None,
                 "perfect_scaling_beyond": None}
     ps = read["perfect_scaling_end"] if isinstance(read["perfect_scaling_end"], dict) else {}
-    beyond = ps.get("lower_bound") if ps.get("value") is None and (ps.get("n_points") or 0) >= 2 else None
+    # shaded as "ends beyond the measured range" only when that is what the data say (not when undetermined)
+    beyond = ps.get("lower_bound") if ps.get("value") is None and ps.get("kind") == "beyond_range" else None
     return {
         "b0": _boundary(read.get("b0")),
         "perfect_scaling_end": _boundary(read["perfect_scaling_end"]),

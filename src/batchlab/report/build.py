@@ -248,7 +248,7 @@ def build_report(store: str | Path, out: str | Path, *, nqm: bool = False, steps
     for section in table_sections:
         rows.extend(section["rows"])
     if predicted is not None:
-        lines += predicted["lines"]
+        lines += predicted["lines"] + ([predicted["scores"]["line"]] if predicted["scores"] else [])
         rows.extend(predicted["rows"])
 
     first, last = _commit_times(store)
@@ -300,6 +300,7 @@ def build_report(store: str | Path, out: str | Path, *, nqm: bool = False, steps
         "steps_tables": [{"name": s["name"], "path": s["path"], "group_by": s["group"]} for s in table_sections],
         "predictions": None if predicted is None else predicted["json"],
         "predictions_warnings": None if predicted is None else predicted["warnings"],
+        "predictions_scores": None if predicted is None or predicted["scores"] is None else predicted["scores"]["json"],
     }
 
 
@@ -315,6 +316,7 @@ def _unit_json(r) -> dict:
         "b_crit": r.b_crit,
         "verdict": None if r.verdict is None else r.verdict.text,
         "critical_batch_sizes": None if r.estimate is None else r.estimate["critical_batch_sizes"],
+        "tuning_flags": [f.to_dict() for f in r.tuning_flags],
         "steps_to_result": [x.to_dict() for x in r.results],
         "warnings": list(dict.fromkeys(r.warnings)),
         "notes": r.notes,

@@ -204,6 +204,8 @@ def _predictions_html(section: dict) -> str:
              "matches the units of its store workload (dataset/model/optimizer) and, when it names a unit, that "
              "unit only.</p>"]
     parts.append(_list(section["warnings"], "warn"))
+    if section.get("scores") is not None:  # each predictor scored on its own, beside the naive baselines
+        parts.append(table_html(section["scores"]["table"]))
     if not section["units"]:
         parts.append('<p class="note">No prediction matches a unit of this store.</p>')
     for entry in section["units"]:
