@@ -100,7 +100,13 @@ def test_critical_batch_size_json_and_table(capsys, store_dir):
     assert [r["batch_size"] for r in summary["regimes"]][-1] == 256
     brackets = {r["batch_size"]: r for r in summary["brackets"]}
     assert (brackets[1]["steps_lower"], brackets[1]["steps"], brackets[256]["censored_at"]) == (2833, 8500, 200)
+    # B = 256 has one trial: flagged, and B_crit is shown without it too (docs/methods.md, "Tuning flags")
+    assert [(f["kind"], f["batch_size"]) for f in summary["tuning_flags"]] == [("one_reaching_trial", 256)]
+    effect = summary["flagged_fit_effect"]
+    assert effect["left_out"] == [256] and 256 not in effect["without_flagged"]["batch_sizes"]
+    assert effect["all_points"]["b_crit"] == pytest.approx(b_crit["value"])
     code, out, _ = run(capsys, *args)
+    assert "warning: tuning flag: batch size 256: its censoring (not reached) rests on its only trial" in out
     assert code == 0 and "mccandlish_b_crit" in out and "overhead_20pct" in out
     assert "rests on: measured batch sizes 1..128" in out and "B0 = 1" in out and "trials: every selected trial" in out
 

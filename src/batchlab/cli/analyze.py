@@ -252,6 +252,7 @@ def critical_batch_size_command(
         raise BatchlabError(f"missing {', '.join(missing)} (or give --steps-table FILE)")
     from batchlab.analysis.bootstrap import critical_batch_size_with_intervals
     from batchlab.analysis.metaparameters import search_edge_warnings
+    from batchlab.analysis.tuning_flags import flagged_fit_effect, store_fit_fn, tuning_flags, tuning_from_store
     from batchlab.analysis.units import unit_label
 
     def answer(con, selection):
@@ -260,6 +261,14 @@ def critical_batch_size_command(
                                                       tolerance=tolerance, b0=b0)
         edges = search_edge_warnings(con, results)
         summary = {"selection": selection.describe() | trials_description(selection, results)} | estimate.to_dict()
+        # tuning flags (docs/methods.md, "Tuning flags") and B_crit with and without the flagged points
+        flags = tuning_flags(tuning_from_store(con, selection, results), tolerance)
+        summary["tuning_flags"] = [f.to_dict() for f in flags]
+        effect = None
+        if flags:
+            fit_fn = store_fit_fn(con, selection, n_boot=n_boot, level=level, seed=seed, tolerance=tolerance)
+            effect = flagged_fit_effect(estimate.curve, flags, fit_fn, full=estimate)
+        summary["flagged_fit_effect"] = None if effect is None else effect.to_dict() | {"text": effect.text()}
         summary["brackets"] = [
             {"batch_size": r.batch_size, "steps": r.steps, "steps_lower": r.steps_lower, "censored_at": r.censored_at,
              "n_trials": r.n_trials, "n_reached": r.n_reached, "n_raced": r.n_raced, "study_ids": r.study_ids,
@@ -525,6 +534,12 @@ def _warnings(summary: dict, fit: dict) -> list[str]:
                 seen.append(str(warning))
     for bracket in summary.get("brackets") or []:
         seen.extend(edge["message"] for edge in bracket.get("search_edge") or [])
+    # search-edge flags repeat the search-edge warnings above; the other kinds are new here
+    seen.extend(f"tuning flag: {flag['message']}" for flag in summary.get("tuning_flags") or []
+                if flag.get("kind") != "search_edge")
+    effect = summary.get("flagged_fit_effect")
+    if isinstance(effect, dict) and effect.get("text"):
+        seen.append(f"tuning flags: {effect['text']}")
     return seen
 
 
