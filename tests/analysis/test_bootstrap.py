@@ -53,7 +53,11 @@ def test_point_estimate_is_the_plain_fit_and_lies_in_its_interval():
     point_steps = [(b, None if not np.isfinite(s.min()) else int(s.min())) for b, s in data.items()]
     from batchlab.analysis.curve import StepsCurve
 
-    assert est.fit == fit_steps_curve(StepsCurve.from_points(point_steps))
+    from batchlab.analysis.scatter import scatter_from_trials
+
+    # the one fit: the minima's curve under the trials' own scatter
+    assert est.fit == fit_steps_curve(StepsCurve.from_points(point_steps), scatter=scatter_from_trials(data))
+    assert est.fit.scatter_source in ("trials", "residuals") and est.fit.scatter_dof > 0
     data_read = {d.name for d in REGISTRY if d.source == "data"}
     for name, (low, high) in est.intervals.items():
         if name in data_read:

@@ -76,7 +76,11 @@ def test_unreached_large_batch_sizes_keep_the_fit_above_their_budget():
     assert dropped.predicted_steps(1024) < 3000
     curve = StepsCurve.from_points(points, censored_at=[None, None, None, 3000, 3000])
     fit = fit_steps_curve(curve)
-    assert fit.predicted_steps(1024) > 3000 and fit.predicted_steps(4096) > 0.999 * 3000
+    # The censored batch sizes pull as points at their bound would, under the same scatter (not a
+    # hard wall): the fit moves up to the bounds, within about two of its sd below them at most.
+    assert fit.predicted_steps(1024) > 3000 and fit.predicted_steps(4096) > 1.5 * dropped.predicted_steps(4096)
+    sigma = {r["batch_size"]: r["sigma"] for r in fit.residuals}
+    assert np.log(3000 / fit.predicted_steps(4096)) < 2 * sigma[4096]
     summary = summarize_curve(curve)
     assert [r["regime"] for r in summary["regimes"]][3:] == [None, None]  # unreached: no regime label
     assert summary["censored_batch_sizes"] == [1024, 4096]
@@ -234,3 +238,143 @@ def test_batch_sizes_reached_at_their_first_evaluation_are_named_when_too_few_po
     message = str(err.value)
     assert "got 1 with a resolved bracket; 2 more reached it at their first evaluation" in message
     assert "B=16 (0, 1], B=64 (0, 1]" in message and "\n" not in message
+
+
+# --------------------------------------------------------------------------------------------------
+# One likelihood: censored points under the same scatter, the trials' scatter, the misfit test
+
+
+def wall_curves(s16_censored=1.5, s16_observed=3.0, seed=1):
+    """The issue's wall case: truth B_crit 256 (S_min 1000) measured at B = 32..4096 with 3% noise, plus
+    B = 16 either unreached with S(16) > ``s16_censored`` x truth, or observed at the given multiples."""
+    b = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+    truth = [1000 * (1 + 256 / x) for x in b]
+    measured = [int(t * n) for t, n in zip(truth, np.exp(np.random.default_rng(seed).normal(0, 0.03, len(b))))]
+    rest = list(zip(b[1:], measured[1:]))
+    censored = StepsCurve.from_points([(16, None)] + rest, censored_at=[int(s16_censored * truth[0])] + [None] * 8)
+    observed = {m: StepsCurve.from_points([(16, int(m * truth[0]))] + rest) for m in (s16_censored, s16_observed)}
+    return censored, observed
+
+
+@pytest.mark.parametrize("tau", [None, 0.03, 0.15])
+def test_a_censored_point_never_pulls_harder_than_an_observed_one_at_its_bound(tau):
+    from batchlab.analysis.scatter import ScatterEstimate
+
+    scatter = None if tau is None else ScatterEstimate(tau=tau, dof=6.0, n_studies=12, method="given", tail_scale=4 * tau)
+    censored, observed = wall_curves()
+    pull = lambda curve: abs(np.log(fit_steps_curve(curve, scatter=scatter).b_crit / 256.0))  # noqa: E731
+    # S(16) > 1.5x the truth is a weaker statement than S(16) = 3x the truth: it moves B_crit less ...
+    assert pull(censored) <= pull(observed[3.0])
+    # ... and, where the fit passes below the bound, exactly as an observed point at the bound would
+    assert pull(censored) == pytest.approx(pull(observed[1.5]), rel=1e-3)  # within the fit's numerical tolerance
+    fit = fit_steps_curve(censored, scatter=scatter)
+    assert fit.residuals[0]["use"] == "censored" and fit.residuals[0]["sigma"] > 0
+
+
+def test_a_censored_smallest_batch_size_keeps_e_min_inside_its_own_interval():
+    # Committed fc_128 SGD (issue 21): B=1 with 2 trials, none reached in 160,000 steps, pinned E_min outside
+    # its interval (the estimate and the interval came from fits with different weights). Synthetic: truth
+    # B_crit 110, S_min 400, trials with a 30% slowdown tail, 4 trials per batch size; B=1's 2 trials stop
+    # at 160,000 steps, about 3.6x its true S.
+    from batchlab.analysis.bootstrap import bootstrap_critical_batch_size
+
+    rng = np.random.default_rng(4)
+    trials = {}
+    for b in 2 ** np.arange(0, 13):
+        s = 400 * (1 + 110 / b)
+        trials[int(b)] = np.round(s * np.exp(rng.exponential(0.3, size=2 if b == 1 else 4)))
+    trials[1] = np.array([np.inf, np.inf])
+    est = bootstrap_critical_batch_size(trials, n_boot=10, censored_at={1: 160_000})
+    for name in ("e_min", "s_min", "mccandlish_b_crit"):
+        low, high = est.intervals[name]
+        assert low <= est.estimates[name] <= high, name
+    assert est.fit.n_censored == 1 and est.fit.scatter_source in ("trials", "residuals")
+    assert 110 / 2 < est.estimates["mccandlish_b_crit"] < 110 * 2
+
+
+def exact_hyperbolas_best_of(k, scale, reps, seed, rise=False):
+    """Best-of-k trials on 12 batch sizes (truth S_min 1000, B_crit 64), exponential slowdowns, on a 4%
+    evaluation grid with a random phase per study: ``(b, y, v, kind, trial_sd, trial_dof)`` per replication."""
+    from batchlab.analysis.scatter import pooled_tail_scale, variance_dof
+
+    rng = np.random.default_rng(seed)
+    b = 2.0 ** np.arange(0, 12)
+    truth = 1000 * (1 + 64 / b) * (np.maximum(1.0, b / 512) ** 0.5 if rise else 1.0)
+    raw = truth[None, :, None] * np.exp(rng.exponential(scale, size=(reps, b.size, k)))
+    step = np.log(1.04)
+    phase = rng.uniform(0, step, size=(reps, b.size, 1))
+    upper = np.exp(np.ceil(np.log(raw) / step - phase / step) * step + phase)
+    upper = np.sort(upper, axis=2)
+    lower = upper[..., 0] / 1.04
+    y = 0.5 * (np.log(lower) + np.log(upper[..., 0]))
+    v = np.full_like(y, step**2 / 12)
+    theta, n = pooled_tail_scale(upper[..., 0], upper[..., 1], np.full(b.size, k))
+    return b, y, v, np.zeros_like(y, dtype=int), theta[:, None] / k * np.ones(b.size), variance_dof(n)
+
+
+@pytest.mark.parametrize("scale", [0.1, 0.2, 0.3])
+def test_exact_hyperbolas_are_rarely_called_a_poor_fit(scale):
+    # Issue 21: with the fixed 5% floor, exact hyperbolas with best-of-8 trials were "poor" 7% / 81% / 94%
+    # of the time at 10% / 20% / 30% trial noise. Against the trials' own scatter the test holds its level.
+    from batchlab.analysis.critical_batch_size import MISFIT_P, fit_with_scatter
+
+    b, y, v, kind, sd, dof = exact_hyperbolas_best_of(8, scale, 400, seed=int(scale * 10))
+    out = fit_with_scatter(b, y, v, kind, sd, dof)
+    assert np.mean(out["test_p"] < MISFIT_P) <= 0.03
+
+
+def test_a_rise_at_large_batch_sizes_is_left_out_and_named():
+    b, y, v, kind, sd, dof = exact_hyperbolas_best_of(8, 0.1, 1, seed=3, rise=True)
+    steps = np.exp(y[0])
+    curve = curve_from_arrays(b, np.round(steps * 1.02), steps_lower=np.round(steps / 1.02))
+    from batchlab.analysis.scatter import ScatterEstimate
+
+    scatter = ScatterEstimate(tau=float(sd[0, 0]), dof=float(dof[0]), n_studies=12, method="test",
+                              tail_scale=float(sd[0, 0]) * 8)
+    fit = fit_steps_curve(curve, scatter=scatter)
+    assert fit.rising_batch_sizes == (1024, 2048)
+    assert [r["use"] for r in fit.residuals][-2:] == ["rising", "rising"]
+    assert any("rise again above B = 512" in w and "left out of the fit" in w for w in fit.warnings)
+    assert fit.b_crit == pytest.approx(64, rel=0.15)  # the hyperbola before the rise
+    from batchlab.analysis.critical_batch_size import fit_with_scatter
+
+    no_exclusion = fit_with_scatter(b, y, v, kind, sd, dof, exclude_rising=False)
+    assert no_exclusion["test_p"][0] < 0.01  # kept in, the rise rejects the hyperbola
+
+
+def test_the_misfit_says_what_is_wrong():
+    from batchlab.analysis.critical_batch_size import describe_misfit
+    from batchlab.analysis.scatter import ScatterEstimate
+
+    scatter = ScatterEstimate(tau=0.02, dof=6.0, n_studies=12, method="test", tail_scale=0.16)
+    b = 2.0 ** np.arange(0, 12)
+    # a sharp corner: max(S_min, E_min / B), steps below the hyperbola around B_crit
+    corner = np.maximum(1000.0, 64000.0 / b)
+    fit = fit_steps_curve(curve_from_arrays(b, corner), scatter=scatter)
+    assert fit.p_value < 0.01 and fit.misfit.startswith("a sharper bend than the hyperbola near B = ")
+    assert any(w.startswith("poor fit") and "trials' own scatter" in w for w in fit.warnings)
+    # one outlier in the middle
+    s = 1000.0 * (1 + 64 / b)
+    s[5] *= 1.4
+    fit = fit_steps_curve(curve_from_arrays(b, s), scatter=scatter)
+    assert fit.misfit.startswith("scatter beyond the trials' own at B = ")
+    assert "32" in fit.misfit.split(" = ")[1].split(", ")
+    # residuals rising at the largest batch sizes, holding the largest residual
+    z = np.array([0.1, -0.5, 0.3, -1.0, 0.2, -0.4, -2.5, 3.0, 4.5])
+    assert describe_misfit(2 ** np.arange(9), z, True).startswith("steps rise again at large batch sizes (B = 128, 256)")
+    for text in (fit.misfit, describe_misfit(2 ** np.arange(9), z, False)):
+        assert "not a hyperbola" not in text
+
+
+def test_the_fit_reports_the_scatter_it_used():
+    from batchlab.analysis.scatter import ScatterEstimate
+
+    curve = hyperbola_curve(noise=0.05, seed=3)
+    plain = fit_steps_curve(curve)
+    assert plain.scatter_source in ("floor", "residuals") and plain.scatter >= 0.05
+    wide = ScatterEstimate(tau=0.2, dof=6.0, n_studies=12, method="test", tail_scale=1.6)
+    fit = fit_steps_curve(curve, scatter=wide)
+    assert fit.scatter_source == "trials" and fit.scatter == 0.2 and fit.scatter_dof == 6.0
+    low, high = curve.brackets()[0]
+    assert fit.residuals[0]["sigma"] == pytest.approx(np.sqrt(0.2**2 + np.log(high / low) ** 2 / 12), rel=1e-9)
+    assert fit.to_dict()["scatter_source"] == "trials" and fit.misfit is None

@@ -16,9 +16,12 @@ Methods, targets and measured coverage are in docs/methods.md ("Intervals").
 * **B_crit, S_min, E_min and the fit-derived named batch sizes**. Target: the parameters of the
   hyperbola that the measured minima scatter about (when every batch size's best-of-K distribution
   has the same shape, the hyperbola through the best-of-K medians). Method: profile likelihood of
-  the censored, bracket-weighted fit (:func:`batchlab.analysis.critical_batch_size.profile_intervals`):
-  the B_crit values whose profiled objective is within an F (or chi-square) quantile of the
-  minimum, with the scatter beyond the resolution brackets estimated from the residuals. Two-sided;
+  the one censored, bracket-weighted fit that gives the point estimate
+  (:func:`batchlab.analysis.critical_batch_size.profile_intervals`), each batch size weighted by
+  its scatter: the trials' own (:func:`batchlab.analysis.scatter.scatter_from_trials`, from the
+  gap between each study's best two trials), or the residuals' where they exceed it; the B_crit
+  values whose profiled objective is within an F quantile (on the trials' or the residuals'
+  degrees of freedom) of the minimum. Two-sided;
   ``None`` on a side that is unbounded (e.g. ``B_crit`` with no plateau). S_min and E_min are their
   ranges over that B_crit set; the other named batch sizes are monotone in B_crit.
 * **Data-read regime bounds** are measured batch sizes: no interval; ``regime_fractions`` give the
@@ -50,9 +53,11 @@ from batchlab.analysis.critical_batch_size import (
     profile_intervals,
     read_regimes,
     regime,
+    scatter_arrays,
 )
 from batchlab.analysis.curve import StepsCurve, curve_from_arrays
 from batchlab.analysis.definitions import REGISTRY
+from batchlab.analysis.scatter import kth_smallest, scatter_from_trials  # noqa: F401 (kth_smallest re-exported)
 from batchlab.analysis.selection import Selection
 from batchlab.analysis.steps_to_result import (
     steps_to_result_many,
@@ -71,34 +76,9 @@ RACED_NOTE = "unknown: the {k} best trial was stopped by racing"
 STEPS_NOTE = ("one-sided: no distribution-free lower bound exists for the median of a minimum of K trials "
               "(the best trial lies below it only half the time)")
 FIT_TARGET = "parameter of the hyperbola S(B) = S_min + E_min / B that the measured minima scatter about"
-FIT_METHOD = ("profile likelihood of the censored, bracket-weighted fit; scatter beyond the brackets estimated "
-              "from the residuals (F quantile), or the brackets alone (chi-square quantile)")
-
-
-def kth_smallest(values: np.ndarray, k: int, unknown_from: np.ndarray | None = None) -> float | None:
-    """The k-th smallest of ``values`` (1-based), or ``None`` when it is not determined.
-
-    ``values``: first steps, ``inf`` = not reached, ``NaN`` = unknown (a raced trial; its true value
-    is at least its entry in ``unknown_from``, aligned with ``values``). Without unknowns this is the
-    plain order statistic (possibly ``inf``). With unknowns it is determined only when the k-th
-    smallest known value is finite and no larger than every unknown's ``unknown_from`` (no unknown
-    then lies below it: the k-th smallest value is the same whatever they are);
-    ``unknown_from=None`` leaves it undetermined.
-    """
-    values = np.asarray(values, dtype=float)
-    unknown = np.isnan(values)
-    known = np.sort(values[~unknown])
-    if known.size < k:
-        return None
-    value = float(known[k - 1])
-    if not unknown.any():
-        return value
-    if unknown_from is None or not np.isfinite(value):
-        return None
-    bounds = np.asarray(unknown_from, dtype=float)[unknown]
-    if np.isnan(bounds).any() or value > bounds.min():
-        return None
-    return value
+FIT_METHOD = ("profile likelihood of the one censored, bracket-weighted fit of the point estimate; each batch size's "
+              "scatter the trials' own (gap of each study's best two trials; F quantile on its degrees of freedom), "
+              "or the residuals' where they exceed it beyond noise (F quantile on n_points - 2), at least a floor")
 
 
 def best_of_k_upper(values: np.ndarray, level: float,
@@ -256,18 +236,24 @@ def bootstrap_critical_batch_size(
         censored = [None if np.isfinite(s) else censored_at.get(int(b)) for b, s in zip(batch_sizes, point_steps)]
     curve = curve_from_arrays(batch_sizes, point_steps, label=label, metadata=metadata, steps_lower=lower,
                               censored_at=censored)
-    point_fit = fit_steps_curve(curve, b0=b0)  # raises if < 2 reached
+    keys = [int(b_) for b_ in batch_sizes]
+    scatter = scatter_from_trials(dict(zip(keys, per_batch)), dict(zip(keys, bounds)))  # None: no study has 2
+    point_fit = fit_steps_curve(curve, b0=b0, scatter=scatter)  # raises if < 2 reached
     data = read_regimes(curve, tolerance, b0=point_fit.b0)  # the same B0 as the fit and overhead_20pct
     estimates: dict[str, float | None] = {"s_min": point_fit.s_min, "e_min": point_fit.e_min}
     for d in REGISTRY:
         estimates[d.name] = d.value(point_fit, tolerance, point_fit.b0, data)
 
     b, y, v, kind = observation_arrays(curve)
-    prof = profile_intervals(b, y[None], v[None], kind[None], level=level, sigma_floor=point_fit.sigma_floor)
+    trial_sd, trial_dof = scatter_arrays(scatter, b)
+    prof = profile_intervals(b, y[None], v[None], kind[None], level=level, sigma_floor=point_fit.sigma_floor,
+                             trial_sd=trial_sd, trial_dof=trial_dof)
     pick = lambda key: float(prof[key][0])  # noqa: E731
     b_low, b_high = pick("b_crit_low"), pick("b_crit_high")
     fit_note = {"target": FIT_TARGET, "method": FIT_METHOD, "two_sided": True, "note": None,
-                "scatter": _finite(pick("scatter"))}
+                "scatter": point_fit.scatter, "scatter_source": point_fit.scatter_source,
+                "scatter_dof": point_fit.scatter_dof,
+                "trials_scatter": None if scatter is None else scatter.to_dict()}
     intervals: dict[str, tuple[float | None, float | None]] = {}
     notes: dict[str, dict] = {}
     no_interval = np.isnan(b_low)
@@ -285,7 +271,8 @@ def bootstrap_critical_batch_size(
             continue
         if no_interval:
             intervals[d.name] = (None, None)
-            notes[d.name] = dict(fit_note, note="no interval: the fit has no residual degrees of freedom (two points)")
+            notes[d.name] = dict(fit_note, note="no interval: the fit has no residual degrees of freedom (two points) "
+                                                "and no trials' scatter (no study with two reached trials)")
             continue
         # a fit-derived value does not decrease with B_crit: its interval is B_crit's, mapped
         intervals[d.name] = (d.from_b_crit(b_low, tolerance, point_fit.b0),

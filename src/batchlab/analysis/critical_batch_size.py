@@ -6,20 +6,34 @@ Definitions, estimators and their resolution are in docs/methods.md ("Critical b
 The fit
 -------
 ``S(B) = S_min + E_min / B`` (McCandlish et al. 2018), ``B_crit = E_min / S_min``, fitted in log space
-(steps span orders of magnitude) by weighted least squares with censoring:
+(steps span orders of magnitude) by one weighted least-squares objective with censoring, whose
+point estimate and intervals (:func:`profile_intervals`) share the same weights:
 
+* each batch size ``j`` has a scatter ``tau_j``: the larger of a base, the trials' own best-of-K sd
+  (:mod:`batchlab.analysis.scatter`, when trials are given; at least :data:`MIN_TRIAL_SCATTER`) or
+  ``sigma_floor`` (default 5%, without trials), and the residual scatter (the common level the
+  residuals ask for, ``sum r**2 / (v + max(base, s**2)) = n_points - 2``), which with trials is used
+  only where the residuals exceed the trials' scatter beyond noise (the misspecification test below
+  at ``p <`` :data:`RESIDUAL_GATE`).
 * a reached batch size enters with its bracket ``(steps_lower, steps]``: the value fitted is the
-  bracket's log-midpoint, its weight ``1 / (sigma_floor**2 + w**2 / 12)`` where ``w = log(steps /
-  steps_lower)`` is the bracket's log-width (a uniform error over the bracket) and ``sigma_floor``
-  (default 5%) the noise floor of a measured minimum; exact first passages (the NQM) have the bracket
-  ``(steps - 1, steps]``. A bracket starting at 0 is an upper bound only (``S <= steps``).
+  bracket's log-midpoint, its weight ``1 / (tau_j**2 + v_j)`` with ``v_j = w**2 / 12``, ``w =
+  log(steps / steps_lower)`` the bracket's log-width (a uniform error over the bracket); exact first
+  passages (the NQM) have the bracket ``(steps - 1, steps]``. A bracket starting at 0 is an upper
+  bound only (``S <= steps``).
 * an unreached batch size with a known ``censored_at`` enters as censored (``S > censored_at``): a
-  one-sided penalty, ``(sigma_floor / 30)``-strong, when the fit passes below ``censored_at``.
-  Unreached batch sizes without ``censored_at`` are left out.
+  one-sided quadratic with weight ``1 / tau_j**2`` where the fit passes below ``censored_at`` (it pulls
+  exactly as an observed point at the bound would) and 0 above. Unreached batch sizes without
+  ``censored_at`` are left out.
+* batch sizes above the measured minimum whose steps exceed it beyond :data:`RISE_Z` sd (the
+  largest ones, contiguously) are a rise and left out (``use = "rising"``): ``B_crit`` describes the
+  hyperbola before the rise.
 * the minimisation profiles ``log S_min`` out in closed form and searches ``B_crit`` on a log grid
   reaching four decades beyond the measured batch sizes, plus ``B_crit = 0`` (flat) and ``inf`` (pure
   perfect scaling), then refines by golden section. It is vectorised over many curves at once
   (:func:`fit_many`), which the interval code uses.
+* misspecification: ``chi2`` of the fitted residuals against the trials' scatter (not the residual
+  one), an F test against ``F(n_points - 2, trial dof)`` (chi-square against the floor without
+  trials); "poor fit" only at ``p < 0.01``, with what the residuals show (:func:`describe_misfit`).
 
 Named critical batch sizes: :data:`batchlab.analysis.definitions.REGISTRY` (re-exported here as
 :data:`REGISTRY`): each entry has a name, a one-line definition, a table label and how it is computed;
@@ -41,11 +55,18 @@ from batchlab.analysis.regimes import (  # re-exported: the regimes read from th
     check_tolerance,
     read_regimes,
 )
+from batchlab.analysis.scatter import ScatterEstimate
 from batchlab.errors import BatchlabError
 
 
-SIGMA_FLOOR = 0.05  # log-space noise floor of a measured steps-to-result value
-CENSOR_STRENGTH = 30.0  # a censoring penalty is this many times sharper than the floor
+SIGMA_FLOOR = 0.05  # log-space scatter of a measured minimum assumed when no trials' scatter is given
+MIN_TRIAL_SCATTER = 0.01  # the least best-of-K sd a trials' estimate is taken as (ties on the evaluation grid)
+RISE_Z = 2.0  # a batch size above the measured minimum is a rise when its steps exceed it by this many sd
+MISFIT_P = 0.01  # "poor fit" below this p-value of the misspecification test
+MISFIT_Z = 2.0  # a standardised residual beyond this is named in the misfit description
+RESIDUAL_GATE = 0.05  # with trials, the residual scatter is used only where the residuals reject them at this level
+FLOOR, TRIALS, RESIDUALS = 0, 1, 2  # where a fit's scatter comes from
+SOURCES = ("floor", "trials", "residuals")
 GRID_DECADES = 4.0  # B_crit is searched this many decades beyond the measured batch sizes
 GRID_POINTS = 161
 GOLDEN_ITERATIONS = 48
@@ -74,10 +95,19 @@ class ScalingFit:
             hyperbola, e.g. it rises again at huge batch sizes or is budget-truncated).
         b0: the batch size perfect scaling is measured from (default: ``smallest_batch_size``).
         n_censored: unreached batch sizes that entered as censored (``S > censored_at``).
-        chi2, dof, p_value: goodness of fit: ``sum(weight * residual**2)`` (plus censoring
-            penalties), ``n_points - 2`` degrees of freedom, and the chi-square tail probability
-            (``None`` when ``dof <= 0``).
-        sigma_floor: the log-space noise floor used in the weights.
+        chi2, dof, p_value: the misspecification test: ``sum(residual**2 / (tau_trials**2 + v))``
+            over the fitted points plus the censoring terms, against the trials' scatter (the
+            ``sigma_floor`` without trials), ``n_points - 2`` degrees of freedom, and its tail
+            probability (F test ``F(dof, scatter_dof)`` with trials, chi-square without; ``None`` when
+            ``dof <= 0``).
+        sigma_floor: the scatter assumed without trials (the least a point's scatter can be).
+        scatter: the scatter used in the weights (log space): the residual level when
+            ``scatter_source == "residuals"``, else the trials' ``tau`` or ``sigma_floor``.
+        scatter_source: ``"trials"``, ``"residuals"`` or ``"floor"`` (see the module docstring).
+        scatter_dof: degrees of freedom of that scatter (``None`` for the floor).
+        misfit: what the residuals show when the test rejects the hyperbola at ``p < 0.01``
+            (a rise, a sharper or gentler bend, scatter beyond the trials'), else ``None``.
+        rising_batch_sizes: batch sizes left out as a rise after the minimum.
         extrapolated: ``b_crit`` lies outside ``[smallest_batch_size, largest_batch_size]``.
         warnings: what the fit rests on, in words (two points, extrapolation, poor fit, ...).
         residuals: one dict per batch size of the curve (see :func:`fit_steps_curve`).
@@ -100,6 +130,11 @@ class ScalingFit:
     extrapolated: bool = False
     warnings: tuple[str, ...] = ()
     residuals: tuple[dict, ...] = field(default=(), compare=True)
+    scatter: float = SIGMA_FLOOR
+    scatter_source: str = "floor"
+    scatter_dof: float | None = None
+    misfit: str | None = None
+    rising_batch_sizes: tuple[int, ...] = ()
 
     def predicted_steps(self, batch_size: np.ndarray | float) -> np.ndarray:
         """Fitted steps ``S_min + E_min / B`` at the given batch sizes."""
@@ -110,6 +145,7 @@ class ScalingFit:
         out = {k: _finite_or_none(v) for k, v in asdict(self).items()}
         out["warnings"] = list(self.warnings)
         out["residuals"] = [dict(r) for r in self.residuals]
+        out["rising_batch_sizes"] = list(self.rising_batch_sizes)
         return out
 
 
@@ -137,13 +173,6 @@ def observation_arrays(curve: StepsCurve):
         elif censored is not None and censored > 0:
             y[i], kind[i] = np.log(censored), LOWER
     return b, y, v, kind
-
-
-def _observations(curve: StepsCurve, sigma_floor: float):
-    """``(b, y, w, kind)``: :func:`observation_arrays` with the fit's weights."""
-    b, y, v, kind = observation_arrays(curve)
-    w = np.where(kind == POINT, 1.0 / (sigma_floor**2 + v), np.where(kind == ABSENT, 0.0, CENSOR_STRENGTH**2 / sigma_floor**2))
-    return b, y, w, kind
 
 
 def _penalty(c: np.ndarray, a: np.ndarray, w: np.ndarray, kind: np.ndarray) -> np.ndarray:
@@ -251,6 +280,172 @@ def fit_many(batch_sizes, y: np.ndarray, w: np.ndarray, kind: np.ndarray):
             np.where(enough, best, nan))
 
 
+def _rising_mask(b: np.ndarray, y: np.ndarray, var: np.ndarray, kind: np.ndarray) -> np.ndarray:
+    """(R, n) batch sizes that form a rise after the measured minimum (batch sizes increase along n).
+
+    The rise is the largest run of reached batch sizes above the minimum's, each with steps above
+    the minimum by more than ``RISE_Z * sqrt(var_j + var_min)``, plus any unreached batch sizes
+    among them; it is kept (not marked) when fewer than three fitted points would remain."""
+    n = y.shape[1]
+    point = kind == POINT
+    j_min = np.argmin(np.where(point, y, np.inf), axis=1)
+    y_min = np.take_along_axis(y, j_min[:, None], axis=1)
+    var_min = np.take_along_axis(var, j_min[:, None], axis=1)
+    index = np.arange(n)[None, :]
+    above = index > j_min[:, None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        high = point & above & ((y - y_min) > RISE_Z * np.sqrt(var + var_min))
+    settled = point & ~high  # a fitted point not significantly above the minimum (the minimum included)
+    last_settled = n - 1 - np.argmax(settled[:, ::-1], axis=1)
+    rising = (index > last_settled[:, None]) & (kind != ABSENT)
+    keep = np.sum(point & ~rising, axis=1) >= 3
+    return rising & (high.any(axis=1) & keep)[:, None]
+
+
+def _residual_variance(r2: np.ndarray, v: np.ndarray, base: np.ndarray, point: np.ndarray, dof: np.ndarray):
+    """(R,) scatter ``s**2`` the residuals ask for: ``sum r**2 / (v + max(base, s**2)) = dof`` over
+    the points (0 where the residuals are within ``v + base`` already, or ``dof <= 0``)."""
+
+    def excess(s2):
+        total = v + np.maximum(base, s2[:, None])
+        return np.sum(np.where(point, r2 / np.where(point, total, 1.0), 0.0), axis=1) - dof
+
+    rows = r2.shape[0]
+    lo, hi = np.zeros(rows), np.full(rows, 100.0)
+    needed = (dof > 0) & (excess(lo) > 0)
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        big = excess(mid) > 0
+        lo, hi = np.where(big, mid, lo), np.where(big, hi, mid)
+    return np.where(needed, hi, 0.0)
+
+
+def _misfit_p(chi2: np.ndarray, dof: np.ndarray, trial_dof: np.ndarray) -> np.ndarray:
+    """Tail probability of the misspecification statistic: ``F(dof, trial_dof)`` of ``chi2 / dof``
+    where the scatter has ``trial_dof`` degrees of freedom, ``chi2(dof)`` where it is known (inf)."""
+    from scipy.stats import chi2 as chi2_dist
+    from scipy.stats import f as f_dist
+
+    dof_safe = np.maximum(dof, 1)
+    finite = np.isfinite(trial_dof)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p_f = f_dist.sf(chi2 / dof_safe, dof_safe, np.where(finite, trial_dof, 1.0))
+    return np.where(finite, p_f, chi2_dist.sf(chi2, dof_safe))
+
+
+def fit_with_scatter(batch_sizes, y: np.ndarray, resolution: np.ndarray, kind: np.ndarray, trial_sd=None,
+                     trial_dof=None, sigma_floor: float = SIGMA_FLOOR, exclude_rising: bool = True) -> dict:
+    """The one fit of many curves: scatter, weights, the rise, the estimate and the misfit test.
+
+    Args:
+        batch_sizes: (n,) increasing batch sizes.
+        y, resolution, kind: (R, n) log-values, bracket variances ``v`` and kinds
+            (:func:`observation_arrays`).
+        trial_sd: (R, n) or (n,) the trials' best-of-K sd at each batch size (log space; NaN where
+            unknown) or ``None`` (no trials: ``sigma_floor`` is the scatter's base).
+        trial_dof: (R,) or scalar degrees of freedom of the trials' scatter (with ``trial_sd``).
+        exclude_rising: leave a rise after the minimum out (:func:`_rising_mask`).
+
+    Returns:
+        dict of arrays: ``s_min``, ``e_min``, ``b_crit``, ``objective`` (R,), ``weight``, ``kind``
+        (R, n; rising batch sizes become ``ABSENT``), ``rising`` (R, n), ``scatter2`` (R, n: each
+        batch size's ``tau_j**2``), ``residual_scatter2`` (R,), ``source`` (R,: ``FLOOR``,
+        ``TRIALS``, ``RESIDUALS``), ``scatter_dof`` (R,: the residual dof, the trials' dof, or inf
+        for the floor), ``test_chi2``, ``test_dof``, ``test_p`` (R,; p NaN where ``test_dof <= 0``),
+        ``test_sd`` (R, n: the sd the test standardises by), ``log_residual`` (R, n: measured minus
+        fitted log steps), ``has_trials`` (R,). Censored and one-sided terms weigh ``1 / tau_j**2``
+        (as a point at its bound would) where the fit is on their wrong side, 0 elsewhere.
+    """
+    b = np.asarray(batch_sizes, dtype=float)
+    y = np.atleast_2d(np.asarray(y, dtype=float))
+    v = np.atleast_2d(np.asarray(resolution, dtype=float))
+    kind = np.atleast_2d(np.asarray(kind))
+    rows, n = y.shape
+    if trial_sd is None:
+        has_trials = np.zeros(rows, dtype=bool)
+        base = np.full((rows, n), sigma_floor**2)
+        t_dof = np.full(rows, np.inf)
+    else:
+        sd = np.broadcast_to(np.asarray(trial_sd, dtype=float), (rows, n))
+        has_trials = np.isfinite(sd).any(axis=1)
+        base = np.where(np.isfinite(sd), np.maximum(sd, MIN_TRIAL_SCATTER), sigma_floor) ** 2
+        t_dof = np.broadcast_to(np.asarray(np.inf if trial_dof is None else trial_dof, dtype=float), (rows,)).copy()
+        t_dof = np.where(has_trials, t_dof, np.inf)
+    rising = _rising_mask(b, y, v + base, kind) if exclude_rising else np.zeros((rows, n), dtype=bool)
+    kind = np.where(rising, ABSENT, kind)
+    point = kind == POINT
+    one_sided = (kind == LOWER) | (kind == UPPER)
+
+    def weights(scale2):
+        return np.where(point, 1.0 / (v + scale2), np.where(one_sided, 1.0 / scale2, 0.0))
+
+    def log_residuals(s_min, e_min):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return y - np.log(s_min[:, None] + e_min[:, None] / b)
+
+    s_min, e_min, _, _ = fit_many(b, y, weights(base), kind)
+    r = log_residuals(s_min, e_min)
+    r2 = np.where(point & np.isfinite(r), r * r, 0.0)
+    dof = np.sum(point, axis=1) - 2
+    s2 = _residual_variance(r2, v, base, point, dof)
+    prelim_p = _misfit_p(np.sum(np.where(point, r2 / (v + base), 0.0), axis=1), dof, t_dof)
+    s2 = np.where(has_trials & ~(prelim_p < RESIDUAL_GATE), 0.0, s2)
+    scale2 = np.maximum(base, s2[:, None])
+    w = weights(scale2)
+    s_min, e_min, b_crit, objective = fit_many(b, y, w, kind)
+    r = log_residuals(s_min, e_min)
+    source = np.where(s2 > 0, RESIDUALS, np.where(has_trials, TRIALS, FLOOR))
+    scatter_dof = np.where(source == RESIDUALS, np.maximum(dof, 1), np.where(source == TRIALS, t_dof, np.inf))
+    # the misspecification test: the residuals against the trials' scatter (the floor without trials)
+    one_sided_r = np.where(kind == LOWER, np.minimum(-r, 0.0), np.where(kind == UPPER, np.maximum(-r, 0.0), 0.0))
+    with np.errstate(invalid="ignore"):
+        test_chi2 = np.sum(np.where(point, r * r / (v + base), 0.0) + np.where(one_sided, one_sided_r**2 / base, 0.0),
+                           axis=1)
+    p = _misfit_p(test_chi2, dof, t_dof)
+    return {"s_min": s_min, "e_min": e_min, "b_crit": b_crit, "objective": objective, "weight": w, "kind": kind,
+            "rising": rising, "scatter2": scale2, "residual_scatter2": s2, "source": source,
+            "scatter_dof": scatter_dof, "test_chi2": test_chi2, "test_dof": dof,
+            "test_p": np.where(dof > 0, p, np.nan), "test_sd": np.sqrt(v + base), "log_residual": r,
+            "has_trials": has_trials}
+
+
+def describe_misfit(batch_sizes, z: np.ndarray, with_trials: bool, censored_z: dict | None = None,
+                    sigma_floor: float = SIGMA_FLOOR) -> str:
+    """What a rejected hyperbola's standardised residuals show, in words.
+
+    Args:
+        batch_sizes, z: the fitted points' batch sizes (increasing) and residuals over their sd.
+        with_trials: the sd is the trials' scatter (else the floor ``sigma_floor``).
+        censored_z: ``{batch_size: how far the fit passes below its censoring bound, in sd}``.
+
+    In order: a rise (the largest batch sizes above the fit beyond :data:`MISFIT_Z`, holding the
+    largest residual); censored batch sizes the fit passes below beyond it; a bend sharper (or
+    gentler) than the hyperbola's (one run of at least three same-sign residuals in the middle, the
+    other sign at both ends); otherwise the points beyond it (outliers)."""
+    b = [int(x) for x in batch_sizes]
+    z = np.asarray(z, dtype=float)
+    names = lambda idx: ", ".join(str(b[i]) for i in idx)  # noqa: E731
+    whose = "the trials' own" if with_trials else f"the {sigma_floor:.0%} floor's"
+    worst = int(np.argmax(np.abs(z))) if z.size else -1
+    run = [i for i in range(z.size) if all(z[j] > MISFIT_Z for j in range(i, z.size))]
+    if run and worst in run:
+        return f"steps rise again at large batch sizes (B = {names(run)}): above the hyperbola beyond {whose} scatter"
+    below = sorted((bb for bb, zz in (censored_z or {}).items() if zz > MISFIT_Z))
+    if below and (not z.size or max(censored_z[bb] for bb in below) >= abs(z[worst])):
+        return (f"unreached batch sizes B = {', '.join(str(int(x)) for x in below)} need more steps than the hyperbola "
+                f"through the others allows, beyond {whose} scatter")
+    signs = np.sign(z)
+    runs = 1 + int(np.sum(signs[1:] != signs[:-1])) if z.size else 0
+    middle = [i for i in range(z.size) if signs[i] != signs[0]]
+    if z.size >= 5 and runs == 3 and len(middle) >= 3:
+        peak = max(middle, key=lambda i: abs(z[i]))
+        shape, side = ("sharper", "below") if signs[peak] < 0 else ("gentler", "above")
+        return (f"a {shape} bend than the hyperbola near B = {b[peak]} (steps {side} the fit at B = {names(middle)}, "
+                "the other way at both ends)")
+    outliers = sorted((i for i in range(z.size) if abs(z[i]) > MISFIT_Z), key=lambda i: -abs(z[i])) or [worst]
+    return f"scatter beyond {whose} at B = {names(sorted(outliers))}"
+
+
 def _first_bracket_note(curve: StepsCurve, batch_sizes: np.ndarray) -> str:
     """Why batch sizes that reached the goal at their first evaluation are not fitted points: their
     bracket ``(0, S]`` bounds the steps from above only ("" when there are none)."""
@@ -262,50 +457,71 @@ def _first_bracket_note(curve: StepsCurve, batch_sizes: np.ndarray) -> str:
             f"the steps from above only ({shown}): evaluate earlier or choose a stricter goal")
 
 
-def fit_steps_curve(curve: StepsCurve, b0: float | None = None, sigma_floor: float = SIGMA_FLOOR) -> ScalingFit:
-    """Fit ``S(B) = S_min + E_min / B`` to ``curve`` (censored, bracket-weighted; see the module docstring).
+def scatter_arrays(scatter: ScatterEstimate | None, batch_sizes) -> tuple[np.ndarray | None, float | None]:
+    """``(trial_sd, trial_dof)`` for :func:`fit_with_scatter` from a :class:`ScatterEstimate` (or ``None``)."""
+    if scatter is None:
+        return None, None
+    return scatter.sd_at(batch_sizes), float(scatter.dof)
 
-    ``residuals`` holds one dict per batch size: ``batch_size``, ``steps``, ``steps_lower``,
-    ``censored_at``, ``use`` (``"point"``, ``"censored"``, ``"upper_bound"`` or ``"unused"``),
-    ``fitted`` steps and, for points, ``log_residual`` (measured log-midpoint minus fitted log) and
-    ``weight``; for censored ones ``consistent`` (the fit lies above ``censored_at``).
+
+def fit_steps_curve(curve: StepsCurve, b0: float | None = None, sigma_floor: float = SIGMA_FLOOR,
+                    scatter: ScatterEstimate | None = None) -> ScalingFit:
+    """Fit ``S(B) = S_min + E_min / B`` to ``curve`` (one censored likelihood; see the module docstring).
+
+    ``scatter``: the trials' own scatter (:func:`batchlab.analysis.scatter.scatter_from_trials`), or
+    ``None`` (then ``sigma_floor`` is the scatter's base). ``residuals`` holds one dict per batch size:
+    ``batch_size``, ``steps``, ``steps_lower``, ``censored_at``, ``use`` (``"point"``, ``"censored"``,
+    ``"upper_bound"``, ``"rising"`` (left out as a rise after the minimum) or ``"unused"``),
+    ``fitted`` steps, ``sigma`` (the log-space sd the fit gave it, scatter and bracket) and, for points
+    and rising ones, ``log_residual`` (measured log-midpoint minus fitted log), for points ``weight``;
+    for censored ones ``consistent`` (the fit lies above ``censored_at``).
 
     Raises:
         BatchlabError: fewer than two batch sizes reached the goal.
     """
     if not sigma_floor > 0:
         raise BatchlabError(f"sigma_floor must be > 0, got {sigma_floor}")
-    b, y, w, kind = _observations(curve, sigma_floor)
+    b, y, v, kind = observation_arrays(curve)
     name = f" {curve.label!r}" if curve.label else ""
-    n_points = int(np.sum(kind == POINT))
-    if n_points < 2:
-        raise BatchlabError(f"curve{name}: need at least 2 batch sizes that reached the goal to fit S(B), got {n_points}"
+    n_reached = int(np.sum(kind == POINT))
+    if n_reached < 2:
+        raise BatchlabError(f"curve{name}: need at least 2 batch sizes that reached the goal to fit S(B), got {n_reached}"
                             f"{_first_bracket_note(curve, b[kind == UPPER])}")
-    s_min, e_min, b_crit, objective = (float(v[0]) for v in fit_many(b, y[None], w[None], kind[None]))
-    reached_b = b[kind == POINT]
+    trial_sd, trial_dof = scatter_arrays(scatter, b)
+    out = {k: x[0] for k, x in fit_with_scatter(b, y[None], v[None], kind[None], trial_sd, trial_dof,
+                                                 sigma_floor).items()}
+    s_min, e_min, b_crit = float(out["s_min"]), float(out["e_min"]), float(out["b_crit"])
+    used = out["kind"]
+    fitted_points = used == POINT
+    n_points = int(fitted_points.sum())
+    reached_b = b[fitted_points]
     smallest, largest = float(reached_b.min()), float(reached_b.max())
     b0 = smallest if b0 is None else float(b0)
     if not b0 > 0:
         raise BatchlabError(f"b0 must be a batch size > 0, got {b0}")
     predicted = s_min + e_min / b
     log_pred = np.log(predicted)
+    sigma = np.sqrt(out["scatter2"] + np.where(kind == POINT, v, 0.0))
     residuals = []
     point_res = []
     inconsistent = []
+    brackets, censoring = curve.brackets(), curve.censoring()
     for i, (batch, steps) in enumerate(zip(curve.batch_sizes, curve.steps)):
-        bracket = curve.brackets()[i]
-        censored = curve.censoring()[i]
+        bracket, censored = brackets[i], censoring[i]
         row = {"batch_size": int(batch), "steps": steps, "steps_lower": None if bracket is None else bracket[0],
-               "censored_at": censored, "fitted": float(predicted[i])}
-        if kind[i] == POINT:
+               "censored_at": censored, "fitted": float(predicted[i]), "sigma": float(sigma[i])}
+        if out["rising"][i]:
+            row.update(use="rising", log_residual=float(y[i] - log_pred[i]) if kind[i] == POINT else None)
+        elif kind[i] == POINT:
             r = float(y[i] - log_pred[i])
             point_res.append(r)
-            row.update(use="point", log_residual=r, weight=float(w[i]))
+            row.update(use="point", log_residual=r, weight=float(out["weight"][i]))
         elif kind[i] == LOWER:
             ok = bool(predicted[i] > censored * (1 - 1e-3))
             row.update(use="censored", consistent=ok)
             if not ok:
-                inconsistent.append(int(batch))
+                inconsistent.append(f"B={int(batch)} by {1 - predicted[i] / censored:.0%} "
+                                    f"({np.log(censored / predicted[i]) / sigma[i]:.2g} sd)")
         elif kind[i] == UPPER:
             row.update(use="upper_bound", consistent=bool(predicted[i] <= steps * (1 + 1e-3)))
         else:
@@ -313,13 +529,25 @@ def fit_steps_curve(curve: StepsCurve, b0: float | None = None, sigma_floor: flo
         residuals.append(row)
     point_res = np.asarray(point_res)
     dof = n_points - 2
-    p_value = None
-    if dof > 0:
-        from scipy.stats import chi2 as chi2_dist
-
-        p_value = float(chi2_dist.sf(objective, dof))
+    chi2 = float(out["test_chi2"])
+    p_value = None if dof <= 0 else float(out["test_p"])
+    with_trials = bool(out["has_trials"])
+    source = SOURCES[int(out["source"])]
+    if source == "residuals":
+        scatter_value = float(np.sqrt(out["residual_scatter2"]))
+    elif source == "trials":
+        scatter_value = max(float(scatter.tau), MIN_TRIAL_SCATTER)
+    else:
+        scatter_value = float(sigma_floor)
+    scatter_dof = None if source == "floor" else float(out["scatter_dof"])
     extrapolated = not (smallest <= b_crit <= largest)
+    rising = [int(x) for x in b[out["rising"]]]
     warnings = []
+    if rising:
+        j_min = int(np.argmin(np.where(kind == POINT, y, np.inf)))
+        warnings.append(
+            f"steps rise again above B = {int(b[j_min])} (the measured minimum): batch sizes {rising} lie above it "
+            f"beyond {RISE_Z:g} sd and are left out of the fit, so B_crit describes the hyperbola before the rise")
     if n_points == 2 and float(np.max(np.abs(point_res))) < 1e-3:
         warnings.append("the fit rests on two reached batch sizes and passes through them exactly: its residuals test nothing")
     elif n_points == 2:
@@ -333,13 +561,18 @@ def fit_steps_curve(curve: StepsCurve, b0: float | None = None, sigma_floor: flo
         warnings.append("no perfect scaling in the measured batch sizes: B_crit is 0 (a flat curve fits best)")
     elif extrapolated:
         warnings.append(f"B_crit = {b_crit:.4g} lies outside the measured batch sizes [{smallest:g}, {largest:g}]: extrapolated")
-    if p_value is not None and p_value < 0.01:
-        warnings.append(
-            f"poor fit: chi2 = {objective:.3g} on {dof} degrees of freedom (p = {p_value:.2g}); residuals exceed the "
-            f"resolution brackets and the {sigma_floor:.0%} floor, so the curve is not a hyperbola within its resolution"
-        )
+    misfit = None
+    if p_value is not None and p_value < MISFIT_P:
+        z = (out["log_residual"] / out["test_sd"])[fitted_points]
+        censored_z = {int(b[i]): float(out["log_residual"][i] / out["test_sd"][i]) for i in np.flatnonzero(used == LOWER)}
+        misfit = describe_misfit(reached_b, z, with_trials, censored_z, sigma_floor)
+        against = (f"the trials' own scatter (F test on {dof} and {scatter.dof:.3g} degrees of freedom)" if with_trials
+                   else f"a {sigma_floor:.0%} floor (no trials' scatter given)")
+        warnings.append(f"poor fit: chi2 = {chi2:.3g} on {dof} degrees of freedom against {against}, p = {p_value:.2g}: "
+                        f"{misfit}")
     if inconsistent:
-        warnings.append(f"the fit passes below the censoring bound at batch sizes {inconsistent} (S > censored_at there)")
+        warnings.append(f"the fit passes below the censoring bound (S > censored_at) at {', '.join(inconsistent)}: a "
+                        "censored batch size pulls as a point at its bound would, under the same scatter")
     return ScalingFit(
         s_min=s_min,
         e_min=e_min,
@@ -350,14 +583,19 @@ def fit_steps_curve(curve: StepsCurve, b0: float | None = None, sigma_floor: flo
         rms_log_residual=float(np.sqrt(np.mean(point_res**2))),
         max_abs_log_residual=float(np.max(np.abs(point_res))),
         b0=b0,
-        n_censored=int(np.sum(kind == LOWER)),
-        chi2=float(objective),
+        n_censored=int(np.sum(used == LOWER)),
+        chi2=chi2,
         dof=dof,
         p_value=p_value,
         sigma_floor=sigma_floor,
         extrapolated=bool(extrapolated),
         warnings=tuple(warnings),
         residuals=tuple(residuals),
+        scatter=scatter_value,
+        scatter_source=source,
+        scatter_dof=scatter_dof,
+        misfit=misfit,
+        rising_batch_sizes=tuple(rising),
     )
 
 
@@ -411,8 +649,10 @@ def regime(fit: ScalingFit, batch_size: float, tolerance: float = 0.1) -> str:
     return DIMINISHING_RETURNS
 
 
-def summarize_curve(curve: StepsCurve, tolerance: float = 0.1, b0: float | None = None) -> dict:
-    """Fit ``curve`` and read its regimes; a JSON-ready summary.
+def summarize_curve(curve: StepsCurve, tolerance: float = 0.1, b0: float | None = None,
+                    scatter: ScatterEstimate | None = None) -> dict:
+    """Fit ``curve`` (with the trials' ``scatter`` when given, see :func:`fit_steps_curve`) and read its
+    regimes; a JSON-ready summary.
 
     Keys: ``label``; ``fit`` (:meth:`ScalingFit.to_dict`); ``tolerance``; ``b0``; ``batch_size_range``
     (smallest and largest reached batch size); ``points_used`` (reached batch sizes fitted);
@@ -424,7 +664,7 @@ def summarize_curve(curve: StepsCurve, tolerance: float = 0.1, b0: float | None 
     (:func:`read_regimes`).
     """
     check_tolerance(tolerance)
-    fit = fit_steps_curve(curve, b0=b0)
+    fit = fit_steps_curve(curve, b0=b0, scatter=scatter)
     # one B0 for every printed quantity: the fit's (the given b0, else its smallest reached point; a
     # batch size whose bracket starts at 0 is only an upper bound and is not a point)
     regimes = read_regimes(curve, tolerance, b0=fit.b0)
@@ -484,58 +724,46 @@ def _finite_or_none(value):
 
 
 def profile_intervals(batch_sizes, y: np.ndarray, resolution: np.ndarray, kind: np.ndarray, level: float = 0.9,
-                      sigma_floor: float = SIGMA_FLOOR):
+                      sigma_floor: float = SIGMA_FLOOR, trial_sd=None, trial_dof=None, exclude_rising: bool = True):
     """Profile-likelihood intervals for ``B_crit`` (and ``S_min``, ``E_min`` over it) of many curves.
 
-    The set of ``B_crit`` whose profiled objective exceeds the minimum by at most
-    ``sigma2 * F(level; 1, dof)``, with ``sigma2 = objective_min / dof`` the residual variance in
-    units of the weights (the scatter of the measured minima about the hyperbola, estimated from
-    the residuals) and ``dof = n_points - 2``. Bounds are refined by bisection; ``0`` and ``inf``
-    are possible bounds (the limits ``B_crit = 0`` and ``inf`` are checked).
+    The objective and weights are :func:`fit_with_scatter`'s (the same fit as the point estimate;
+    ``trial_sd``/``trial_dof`` and ``exclude_rising`` as there). The interval is the
+    set of ``B_crit`` whose profiled objective exceeds the minimum by at most
+
+    * ``(objective / dof) * F(level; 1, dof)``, ``dof = n_points - 2``, when the scatter comes from the
+      residuals (estimated from ``dof`` residuals);
+    * ``F(level; 1, trial dof)`` when it comes from the trials (the weights are ``1 / sigma_j**2``
+      with ``sigma_j`` estimated from the studies' spacings, with their degrees of freedom);
+    * ``chi2(level; 1)`` when it is the floor (taken as known).
+
+    Bounds are refined by bisection; ``0`` and ``inf`` are possible bounds (the limits ``B_crit = 0``
+    and ``inf`` are checked).
 
     Returns:
         dict of (R,) arrays: ``b_crit_low``, ``b_crit_high``, ``s_min_low``, ``s_min_high``,
-        ``e_min_low``, ``e_min_high`` (NaN where ``dof <= 0`` or too few points).
+        ``e_min_low``, ``e_min_high`` (NaN where no interval: fewer than two points, or no residual
+        degrees of freedom and no trials' scatter), ``b_crit``, ``s_min``, ``e_min`` (the estimate),
+        ``scatter`` (the residual scatter, 0 where the trials' or the floor sufficed),
+        ``scatter_source`` (``FLOOR``, ``TRIALS``, ``RESIDUALS``) and ``n_rising``.
     """
+    from scipy.stats import chi2 as chi2_dist
     from scipy.stats import f as f_dist
 
-    from scipy.stats import chi2 as chi2_dist
-
     b = np.asarray(batch_sizes, dtype=float)
+    fit = fit_with_scatter(b, y, resolution, kind, trial_sd, trial_dof, sigma_floor, exclude_rising)
     y = np.atleast_2d(np.asarray(y, dtype=float))
-    v = np.atleast_2d(np.asarray(resolution, dtype=float))
-    kind = np.atleast_2d(np.asarray(kind))
     rows = y.shape[0]
-    censor_w = CENSOR_STRENGTH**2 / sigma_floor**2
-    point = kind == POINT
-    w = np.where(point, 1.0 / (sigma_floor**2 + v), censor_w)
-    s_min, e_min, b_crit, best = fit_many(b, y, w, kind)
-    dof = np.sum(point, axis=1) - 2
-    # The scatter about the hyperbola beyond the resolution: sum r^2 / (v + sigma2) = dof.
-    with np.errstate(invalid="ignore", divide="ignore"):
-        fitted = np.log(s_min[:, None] + e_min[:, None] / b)
-    r2 = np.where(point, (y - fitted) ** 2, 0.0)
-    r2 = np.where(np.isfinite(r2), r2, 0.0)
-    v_safe = np.where(point, np.maximum(v, 1e-300), 1.0)
+    w, kind = fit["weight"], fit["kind"]
+    s_min, e_min, b_crit, best = fit["s_min"], fit["e_min"], fit["b_crit"], fit["objective"]
+    dof = np.sum(kind == POINT, axis=1) - 2
+    source = fit["source"]
+    ok = np.isfinite(best) & ((dof > 0) | (source == TRIALS))
     dof_safe = np.maximum(dof, 1)
-
-    def excess(s2):
-        return np.sum(np.where(point, r2 / (v_safe + s2[:, None]), 0.0), axis=1) - dof_safe
-
-    lo_s, hi_s = np.zeros(rows), np.full(rows, 100.0)
-    scattered = excess(lo_s) > 0
-    for _ in range(80):
-        mid = 0.5 * (lo_s + hi_s)
-        big = excess(mid) > 0
-        lo_s, hi_s = np.where(big, mid, lo_s), np.where(big, hi_s, mid)
-    sigma2 = np.where(scattered, hi_s, 0.0)
-    w = np.where(point, 1.0 / np.maximum(v + sigma2[:, None], 1e-300), censor_w)
-    s_min, e_min, b_crit, best = fit_many(b, y, w, kind)
-    ok = (dof > 0) & np.isfinite(best)
-    dof_safe = np.where(ok, dof, 1)
-    # estimated scatter: the F quantile; resolution only (scatter below it): the chi-square quantile
-    threshold = best + np.where(scattered, (best / dof_safe) * f_dist.ppf(level, 1, dof_safe), chi2_dist.ppf(level, 1))
-    threshold = np.where(ok, threshold, np.nan)
+    t_dof = np.where(np.isfinite(fit["scatter_dof"]), fit["scatter_dof"], 1.0)
+    quantile = np.where(source == RESIDUALS, (best / dof_safe) * f_dist.ppf(level, 1, dof_safe),
+                        np.where(source == TRIALS, f_dist.ppf(level, 1, t_dof), chi2_dist.ppf(level, 1)))
+    threshold = np.where(ok, best + quantile, np.nan)
     lo_u = np.log(b.min()) - GRID_DECADES * np.log(10)
     hi_u = np.log(b.max()) + GRID_DECADES * np.log(10)
     grid = np.linspace(lo_u, hi_u, GRID_POINTS)
@@ -595,7 +823,9 @@ def profile_intervals(batch_sizes, y: np.ndarray, resolution: np.ndarray, kind: 
             "b_crit": b_crit,
             "s_min": s_min,
             "e_min": e_min,
-            "scatter": np.sqrt(sigma2),
+            "scatter": np.sqrt(fit["residual_scatter2"]),
+            "scatter_source": source,
+            "n_rising": fit["rising"].sum(axis=1),
         }
     for key in ("b_crit_low", "b_crit_high", "s_min_low", "s_min_high", "e_min_low", "e_min_high"):
         out[key] = np.where(ok, out[key], np.nan)
