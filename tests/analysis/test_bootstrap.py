@@ -159,3 +159,67 @@ def test_regime_fractions_use_the_given_b0():
             assert all(v == 0 for v in row["regime_fractions"].values())
         else:
             assert row["regime_fractions"][row["regime"]] == 1.0
+
+
+def test_fit_with_intervals_is_the_bootstraps_fit():
+    """The one shared fit (analysis/bootstrap.py fit_with_intervals): the bootstrap's fit, estimates,
+    intervals and notes are its output for the minima's curve and the trials' scatter (the same path)."""
+    from batchlab.analysis.bootstrap import fit_with_intervals
+    from batchlab.analysis.curve import StepsCurve
+    from batchlab.analysis.scatter import scatter_from_trials
+
+    data = synthetic_trials(1000.0, 64.0, 6, seed=4)
+    est = bootstrap_critical_batch_size(data, n_boot=5, level=0.8)
+    curve = StepsCurve.from_points([(b, None if not np.isfinite(s.min()) else int(s.min())) for b, s in data.items()])
+    one = fit_with_intervals(curve, level=0.8, scatter=scatter_from_trials(data))
+    assert one.fit == est.fit and one.estimates == est.estimates and one.intervals == est.intervals
+    assert one.notes == est.interval_notes and set(one.warnings) <= set(est.warnings)
+    with pytest.raises(BatchlabError, match=r"level must be in \(0, 1\), got 1.5"):
+        fit_with_intervals(curve, level=1.5)
+
+
+def test_bound_shares_count_every_resampled_curve():
+    """Issue 21: each bound's share of the trial-resampled curves (regimes.bound_shares). Known truth:
+    the same resampled curves read one by one (no deduplication) give the same shares; identical trials
+    give the point estimate's bound with share 1."""
+    from batchlab.analysis.bootstrap import _resampled_steps
+    from batchlab.analysis.curve import curve_from_arrays
+    from batchlab.analysis.regimes import bound_shares, read_regimes
+
+    data = synthetic_trials(1000.0, 64.0, 3, seed=7, miss=0.2)
+    est = bootstrap_critical_batch_size(data, n_boot=150, seed=5)
+    shares = est.to_dict()["bound_shares"]
+    sizes = sorted(data)
+    reps = _resampled_steps([data[b] for b in sizes], 150, np.random.default_rng(5))
+    censored = [None] * len(sizes)
+    read = []
+    for row in reps:
+        curve = curve_from_arrays(np.array(sizes, dtype=float), row, censored_at=censored)
+        b0 = est.data_regimes["b0"] if np.isfinite(row[sizes.index(est.data_regimes["b0"])]) else None
+        try:
+            read.append(read_regimes(curve, 0.1, b0=b0) if sum(curve.reached) >= 2 else None)
+        except BatchlabError:
+            read.append(None)
+    assert shares == bound_shares(read)
+    for bound in ("perfect_scaling_end", "maximal_parallelism_start"):
+        assert shares[bound]["n_replicates"] == 150
+        assert sum(s["share"] for s in shares[bound]["shares"]) == pytest.approx(1.0)
+        assert len(shares[bound]["shares"]) > 1  # 3 trials per batch size: the resamples disagree
+    same = {b: np.full(4, 1000.0 * (1 + 64 / b)).round() for b in sizes}
+    certain = bootstrap_critical_batch_size(same, n_boot=20).to_dict()
+    for bound in ("perfect_scaling_end", "maximal_parallelism_start"):
+        value = certain["critical_batch_sizes"][bound]["value"]
+        assert certain["bound_shares"][bound]["shares"] == [{"value": value, "share": 1.0}]
+
+
+def test_bound_shares_count_undetermined_resamples_as_not_read():
+    """Raced trials: a resample holding only the unknown trial at B = 4 is undetermined; it counts as
+    not read (the shares stay shares of every replicate)."""
+    sizes = [1, 2, 4, 8, 16, 32]
+    data = {b: np.array([1000.0 * (1 + 8 / b)]).round() for b in sizes}
+    data[4] = np.array([3000.0, np.nan])
+    unknown = {4: np.array([np.nan, 3500.0])}  # the raced trial stopped past the known best: determined
+    est = bootstrap_critical_batch_size(data, n_boot=200, seed=1, unknown_from=unknown)
+    shares = est.bound_shares["perfect_scaling_end"]
+    assert 0 < est.n_undetermined < 200 and shares["n_replicates"] == 200
+    assert shares["null_shares"].get("not_read", 0) >= est.n_undetermined / 200

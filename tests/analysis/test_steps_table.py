@@ -226,6 +226,13 @@ def test_pass_through_columns_are_copied_per_batch_size(tmp_path):
         ("batch_size,steps,second_steps\n1,100,90\n2,50,60\n", "second_steps must be >= steps where the goal was "
                                                                  "reached (and empty where it was not), got [90.0] in row(s) 1"),
         ("batch_size,steps,reached,budget,second_steps\n1,100,true,,\n2,,false,80,90\n", "got [90.0] in row(s) 2"),
+        # the tuning flags' columns (issue 21)
+        ("batch_size,steps,n_trials,n_reached\n1,100,3,4\n2,50,3,1\n", "n_reached must be >= 1 where the goal was "
+         "reached, 0 where it was not, and at most n_trials (or empty), got [4.0] in row(s) 1"),
+        ("batch_size,steps,n_reached\n1,100,0\n2,50,1\n", "got [0.0] in row(s) 1"),
+        ("batch_size,steps,reached,budget,n_reached\n1,100,true,,1\n2,,false,80,1\n", "got [1.0] in row(s) 2"),
+        ("batch_size,steps,n_reached\n1,100,1.5\n2,50,1\n", "n_reached must be whole numbers"),
+        ("batch_size,steps,learning_rate\n1,100,fast\n2,50,0.1\n", "column 'learning_rate' must be numeric"),
     ],
 )
 def test_unbounded_and_fractional_rows_are_one_line_errors_naming_the_rows(tmp_path, text, fragment):
@@ -234,3 +241,124 @@ def test_unbounded_and_fractional_rows_are_one_line_errors_naming_the_rows(tmp_p
     with pytest.raises(BatchlabError) as info:
         fit_steps_table(path)
     assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+# --- trial columns: the trials' scatter and the tuning flags (issue 21) ---------------------------
+
+GRID = np.unique(np.round(np.geomspace(1, 1e7, 400)))  # a ~4% evaluation grid: steps are evaluation steps
+
+
+def trials_and_table(path, k=4, noise=0.2, seed=0, budget=900):
+    """Known truth S(B) = 1000 (1 + 64 / B), B = 1..2048, ``k`` trials per batch size, each trial's first
+    step the truth times exp(Exponential(noise)) on GRID, any step beyond ``budget`` at B >= 1024 not
+    reached; returns the trials, brackets and budgets for bootstrap_critical_batch_size and writes
+    the steps table of the same best two (``path``)."""
+    rng = np.random.default_rng(seed)
+    trials, lower, censored, lines = {}, {}, {}, []
+    for b in 2 ** np.arange(0, 12):
+        raw = 1000 * (1 + 64 / b) * np.exp(rng.exponential(noise, size=k))
+        steps = GRID[np.searchsorted(GRID, raw)]
+        if b >= 1024:
+            steps = np.where(steps > budget, np.inf, steps)
+        trials[int(b)] = steps
+        best, second = np.sort(steps)[:2]
+        if np.isfinite(best):
+            lower[int(b)] = int(GRID[np.searchsorted(GRID, best) - 1])
+            lines.append(f"{b},{int(best)},{lower[int(b)]},true,,{k},{int(second) if np.isfinite(second) else ''}")
+        else:
+            censored[int(b)] = budget
+            lines.append(f"{b},,,false,{budget},{k},")
+    path.write_text("batch_size,steps,steps_lower,reached,budget,n_trials,second_steps\n" + "\n".join(lines) + "\n")
+    return trials, lower, censored
+
+
+def test_trial_columns_give_the_fit_a_store_with_those_trials_gets(tmp_path):
+    """Issue 21: a steps table with n_trials and second_steps enters the trials' scatter (from each
+    batch size's best two) as a store holding those trials does; the fit, B_crit and every interval are
+    bootstrap_critical_batch_size's on trial arrays whose best two are the table's values (the same
+    fit, reached through another path: equal to 1e-12)."""
+    from batchlab.analysis.bootstrap import bootstrap_critical_batch_size
+
+    path = tmp_path / "t.csv"
+    trials, lower, censored = trials_and_table(path)
+    assert censored  # a censored batch size takes part under the same scatter
+    store = bootstrap_critical_batch_size(trials, n_boot=1, steps_lower=lower, censored_at=censored)
+    (entry,) = fit_steps_table(path)
+    assert entry["interval"]["scatter_source"] == store.fit.scatter_source == "trials"
+    assert entry["interval"]["trials_scatter"] == store.interval_notes["mccandlish_b_crit"]["trials_scatter"]
+    assert entry["mccandlish_b_crit"] == pytest.approx(store.estimates["mccandlish_b_crit"], rel=1e-12)
+    for name, bounds in entry["intervals"].items():
+        assert [bounds["low"], bounds["high"]] == pytest.approx(list(store.intervals[name]), rel=1e-12)
+    assert entry["censored_batch_sizes"] == sorted(censored) and entry["misfit"] == store.fit.misfit
+    b_crit = entry["intervals"]["mccandlish_b_crit"]
+    assert b_crit["low"] < 64 < b_crit["high"]  # the known truth is inside
+    # without the trial columns the same points get the floor's or the residuals' scatter: another fit
+    frame = pd.read_csv(path).drop(columns=["n_trials", "second_steps"])
+    frame.to_csv(tmp_path / "bare.csv", index=False)
+    (bare,) = fit_steps_table(tmp_path / "bare.csv")
+    assert bare["interval"]["scatter_source"] != "trials" and bare["interval"]["trials_scatter"] is None
+    assert bare["intervals"]["mccandlish_b_crit"] != b_crit
+
+
+def flagged_table(path, drop=()):
+    """Known truth S(B) = 1000 (1 + 64 / B), B = 1..1024, 4 trials each, second-best 10% slower; B = 8
+    under-tuned (1.5x its steps: better than perfect scaling beside B = 16), B = 32 and 64 sharing their
+    best learning rate, B = 256 resting on 1 of its 4 trials. Rows at ``drop`` left out."""
+    lines = []
+    for i, b in enumerate(2 ** np.arange(0, 11)):
+        if b in drop:
+            continue
+        steps = round(1000 * (1 + 64 / b) * (1.5 if b == 8 else 1.0))
+        lr = 0.1 if b in (32, 64) else 0.001 * (i + 1)
+        lines.append(f"{b},{steps},4,{1 if b == 256 else 4},{round(1.1 * steps)},{lr},0.9")
+    path.write_text("batch_size,steps,n_trials,n_reached,second_steps,learning_rate,momentum\n" + "\n".join(lines) + "\n")
+    return path
+
+
+def test_tuning_flags_and_b_crit_without_the_flagged_points(tmp_path):
+    """Issue 21: with n_trials and n_reached (and the best trial's learning_rate) each group gets its
+    tuning flags and B_crit with and without the flagged batch sizes, the keys a store's analysis emits.
+    Known truth: a hyperbola with B_crit 64 and one under-tuned point; without the flagged points the fit
+    is the table without those rows (another path, equal to 1e-12) and recovers B_crit 64."""
+    from batchlab.analysis.tuning_flags import POINT_KINDS
+
+    (entry,) = fit_steps_table(flagged_table(tmp_path / "t.csv"))
+    flags = [(f["kind"], f["batch_size"]) for f in entry["tuning_flags"]]
+    assert flags == [("better_than_perfect_scaling", 8), ("shared_grid_point", 32), ("shared_grid_point", 64),
+                     ("one_reaching_trial", 256)]
+    effect = entry["flagged_fit_effect"]
+    assert effect["left_out"] == [8, 32, 64, 256] and effect["all_points"]["b_crit"] == entry["mccandlish_b_crit"]
+    assert effect["all_points"]["low"] == entry["intervals"]["mccandlish_b_crit"]["low"]
+    assert effect["text"].startswith("B_crit ") and "without the flagged B = 8, 32, 64, 256" in effect["text"]
+    (kept,) = fit_steps_table(flagged_table(tmp_path / "kept.csv", drop=(8, 32, 64, 256)))
+    without, kept_interval = effect["without_flagged"], kept["intervals"]["mccandlish_b_crit"]
+    assert without["b_crit"] == pytest.approx(kept["mccandlish_b_crit"], rel=1e-12)
+    assert [without["low"], without["high"]] == pytest.approx([kept_interval["low"], kept_interval["high"]], rel=1e-12)
+    assert effect["without_flagged"]["b_crit"] == pytest.approx(64, rel=1e-3)
+    assert abs(np.log(entry["mccandlish_b_crit"] / 64)) > 0.05  # the under-tuned point moves the full fit
+    points = entry["point_flagged_fit_effect"]
+    assert points["leave_out"] == list(POINT_KINDS) and points["left_out"] == [8, 256]
+    json.dumps(entry)
+
+
+def test_tuning_flags_need_both_trial_counts(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("batch_size,steps,n_trials\n1,1000,4\n4,300,4\n16,120,1\n")
+    (entry,) = fit_steps_table(path)
+    assert entry["tuning_flags"] is None and entry["flagged_fit_effect"] is None
+    path.write_text("batch_size,steps,n_trials,n_reached\n1,1000,4,4\n4,300,4,\n16,120,1,1\n")
+    (entry,) = fit_steps_table(path)
+    assert entry["tuning_flags"] is None
+    assert "no tuning flags: n_trials or n_reached is empty at B = [4]" in entry["warnings"]
+
+
+def test_steps_table_text_prints_the_tuning_flags_as_warnings(capsys, tmp_path):
+    from batchlab.cli import main
+
+    main(["analyze", "critical-batch-size", "--steps-table", str(flagged_table(tmp_path / "t.csv"))])
+    out = capsys.readouterr().out
+    assert "warning: tuning flag: batch size 8: S(16) x 16 = 80000 examples < S(8) x 8 = 108000" in out
+    assert "warning: tuning flag: batch size 256: steps to result 1250 rests on 1 of 4 trials" in out
+    assert "warning: tuning flags: B_crit " in out and "without the flagged B = 8, 32, 64, 256" in out
+    assert ("warning: tuning flags (better_than_perfect_scaling and one_reaching_trial only): " in out
+            and "without the flagged B = 8, 256" in out)

@@ -236,3 +236,19 @@ def test_tuning_flags_in_the_page_the_csv_the_figure_and_b_crit_without_them(tmp
     assert unit["b_crit"]["flagged_batch_sizes"] == [8, 16, 64, 512]
     assert unit["b_crit"]["point_flagged_batch_sizes"] == [8, 16]
     assert same(by_quantity["b_crit_without_flagged"]["value"], unit["b_crit"]["without_flagged"]["b_crit"], rel=1e-12)
+
+
+def test_a_poor_fit_line_names_what_is_wrong(tmp_path):
+    """Issue 21: the summary line said "the curve is not a hyperbola within its brackets" for every
+    poor fit; it now gives the fit's misfit (a rise, a bend, scatter at named batch sizes). Known truth:
+    B = 64 needs 5x the hyperbola's steps, with 16 trials per batch size (a small trials' scatter)."""
+    from batchlab.report.build import build_report
+
+    trials = [t for b in (8, 16, 32, 64, 128, 256, 512)
+              for t in unit_trials(SGD, (b,), 64, trials=16, s_min=60.0 * (5.0 if b == 64 else 1.0))]
+    summary = build_report(publish(tmp_path / "store", trials), tmp_path / "r.html", n_boot=20)
+    (unit,) = summary["units"]
+    misfit = unit["b_crit"]["misfit"]
+    assert unit["b_crit"]["poor_fit"] and "B = " in misfit and "64" in misfit
+    (line,) = summary["lines"]
+    assert f"; poor fit: {misfit}" in line and "not a hyperbola" not in line

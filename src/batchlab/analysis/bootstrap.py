@@ -26,7 +26,13 @@ Methods, targets and measured coverage are in docs/methods.md ("Intervals").
   ranges over that B_crit set; the other named batch sizes are monotone in B_crit.
 * **Data-read regime bounds** are measured batch sizes: no interval; ``regime_fractions`` give the
   share of trial-resampled curves (``n_boot`` replicates, seeded) putting each batch size in each
-  regime, a descriptive stability measure.
+  regime, and ``bound_shares`` (:func:`batchlab.analysis.regimes.bound_shares`) the share giving each
+  value of each bound: descriptive stability measures (a resampled best of K repeats the sample's best
+  about 2/3 of the time, so they are overconfident).
+
+:func:`fit_with_intervals` is the one fit of a curve with its intervals; the store's trials
+(:func:`bootstrap_critical_batch_size`) and steps tables (:mod:`batchlab.analysis.steps_table`) both
+use it, each passing the trials' scatter it has.
 
 Raced trials (docs/methods.md, "Racing"): a trial's first step may be *unknown* (``NaN``), known
 only to be at least its ``unknown_from`` step. An order statistic is used only where it is
@@ -57,7 +63,8 @@ from batchlab.analysis.critical_batch_size import (
 )
 from batchlab.analysis.curve import StepsCurve, curve_from_arrays
 from batchlab.analysis.definitions import REGISTRY
-from batchlab.analysis.scatter import kth_smallest, scatter_from_trials  # noqa: F401 (kth_smallest re-exported)
+from batchlab.analysis.regimes import bound_shares
+from batchlab.analysis.scatter import ScatterEstimate, kth_smallest, scatter_from_trials  # noqa: F401 (kth_smallest re-exported)
 from batchlab.analysis.selection import Selection
 from batchlab.analysis.steps_to_result import (
     steps_to_result_many,
@@ -79,6 +86,106 @@ FIT_TARGET = "parameter of the hyperbola S(B) = S_min + E_min / B that the measu
 FIT_METHOD = ("profile likelihood of the one censored, bracket-weighted fit of the point estimate; each batch size's "
               "scatter the trials' own (gap of each study's best two trials; F quantile on its degrees of freedom), "
               "or the residuals' where they exceed it beyond noise (F quantile on n_points - 2), at least a floor")
+
+
+def check_level(level: float) -> float:
+    """``level``, or a one-line BatchlabError unless it is in (0, 1)."""
+    if not 0 < level < 1:
+        raise BatchlabError(f"level must be in (0, 1), got {level}")
+    return level
+
+
+@dataclass(frozen=True)
+class CurveFit:
+    """One curve's fit with its intervals (:func:`fit_with_intervals`).
+
+    Attributes:
+        fit: the S(B) fit (:func:`~batchlab.analysis.critical_batch_size.fit_steps_curve`).
+        data_regimes: :func:`~batchlab.analysis.regimes.read_regimes` of the curve from the fit's B0.
+        estimates: point values of ``s_min``, ``e_min`` and every named critical batch size of the
+            registry (``inf`` possible, ``None`` for an unread data bound).
+        intervals: ``{name: (low, high)}`` for the same names (``None`` = no bound on that side; both
+            ``None`` for the data-read bounds and where the fit gives no interval).
+        notes: ``{name: {target, method, two_sided, note, scatter, ...}}`` for every interval.
+        warnings: the fit's warnings, then a reason for each unread data-read bound.
+        scatter: the trials' scatter the fit used (``None``: none given).
+    """
+
+    fit: ScalingFit
+    data_regimes: dict
+    estimates: dict[str, float | None]
+    intervals: dict[str, tuple[float | None, float | None]]
+    notes: dict[str, dict]
+    warnings: tuple[str, ...] = ()
+    scatter: ScatterEstimate | None = None
+
+
+def fit_with_intervals(curve: StepsCurve, level: float = 0.9, tolerance: float = 0.1, b0: float | None = None,
+                       scatter: ScatterEstimate | None = None) -> CurveFit:
+    """The S(B) fit of ``curve``, its data-read regimes, every named critical batch size and the
+    profile-likelihood intervals at ``level`` (module docstring; docs/methods.md, "Intervals").
+
+    Args:
+        curve: steps to result per batch size, with brackets and censoring bounds.
+        level: nominal coverage of the intervals, in (0, 1).
+        tolerance: regime tolerance, in (0, 1).
+        b0: batch size perfect scaling is measured from (default: the fit's smallest reached point).
+        scatter: the trials' own scatter (:func:`~batchlab.analysis.scatter.scatter_from_trials` or
+            :func:`~batchlab.analysis.scatter.scatter_from_best_two`), or ``None`` (the fit's
+            floor, or the residuals' scatter).
+
+    Raises:
+        BatchlabError: bad ``level`` or ``tolerance``, fewer than two reached batch sizes, or a ``b0``
+            that is not a reached batch size.
+    """
+    check_level(level)
+    point_fit = fit_steps_curve(curve, b0=b0, scatter=scatter)  # raises if < 2 reached
+    data = read_regimes(curve, tolerance, b0=point_fit.b0)  # the same B0 as the fit and overhead_20pct
+    estimates: dict[str, float | None] = {"s_min": point_fit.s_min, "e_min": point_fit.e_min}
+    for d in REGISTRY:
+        estimates[d.name] = d.value(point_fit, tolerance, point_fit.b0, data)
+
+    b, y, v, kind = observation_arrays(curve)
+    trial_sd, trial_dof = scatter_arrays(scatter, b)
+    prof = profile_intervals(b, y[None], v[None], kind[None], level=level, sigma_floor=point_fit.sigma_floor,
+                             trial_sd=trial_sd, trial_dof=trial_dof)
+    pick = lambda key: float(prof[key][0])  # noqa: E731
+    b_low, b_high = pick("b_crit_low"), pick("b_crit_high")
+    fit_note = {"target": FIT_TARGET, "method": FIT_METHOD, "two_sided": True, "note": None,
+                "scatter": point_fit.scatter, "scatter_source": point_fit.scatter_source,
+                "scatter_dof": point_fit.scatter_dof,
+                "trials_scatter": None if scatter is None else scatter.to_dict()}
+    intervals: dict[str, tuple[float | None, float | None]] = {}
+    notes: dict[str, dict] = {}
+    no_interval = np.isnan(b_low)
+    for name, (low, high) in {
+        "s_min": (pick("s_min_low"), pick("s_min_high")),
+        "e_min": (pick("e_min_low"), pick("e_min_high")),
+    }.items():
+        intervals[name] = (None, None) if no_interval else (low, high)
+        notes[name] = dict(fit_note, note="range of the profiled value over the B_crit interval")
+    for d in REGISTRY:
+        if d.source == "data":
+            intervals[d.name] = (None, None)
+            notes[d.name] = {"target": None, "method": None, "two_sided": False,
+                             "note": "a measured batch size read from the data: no interval (see regime_fractions "
+                                     "and bound_shares)"}
+            continue
+        if no_interval:
+            intervals[d.name] = (None, None)
+            notes[d.name] = dict(fit_note, note="no interval: the fit has no residual degrees of freedom (two points) "
+                                                "and no trials' scatter (no study with two reached trials)")
+            continue
+        # a fit-derived value does not decrease with B_crit: its interval is B_crit's, mapped
+        intervals[d.name] = (d.from_b_crit(b_low, tolerance, point_fit.b0),
+                             d.from_b_crit(b_high, tolerance, point_fit.b0))
+        notes[d.name] = dict(fit_note, note=None if np.isfinite(b_high) else "unbounded above: no plateau is required by the data")
+    warnings = list(point_fit.warnings)
+    for key in (d.name for d in REGISTRY if d.source == "data"):
+        if data[key]["value"] is None:
+            warnings.append(f"{key}: {data[key]['reason']}")
+    return CurveFit(fit=point_fit, data_regimes=data, estimates=estimates, intervals=intervals, notes=notes,
+                    warnings=tuple(warnings), scatter=scatter)
 
 
 def best_of_k_upper(values: np.ndarray, level: float,
@@ -124,6 +231,9 @@ class CriticalBatchSizeEstimate:
         interval_notes: ``{name: {target, method, two_sided, note, ...}}`` for every interval.
         data_regimes: :func:`batchlab.analysis.regimes.read_regimes` of ``curve`` (from the fit's B0).
         warnings: the fit's warnings plus unread data regimes and too many failed replicates.
+        bound_shares: :func:`batchlab.analysis.regimes.bound_shares` of the ``n_boot`` trial-resampled
+            curves' regimes (a replicate that fails, or that racing leaves undetermined, counts as not
+            read); descriptive, not a confidence statement.
     """
 
     curve: StepsCurve
@@ -140,6 +250,7 @@ class CriticalBatchSizeEstimate:
     data_regimes: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     n_undetermined: int = 0
+    bound_shares: dict | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready summary (infinite values become ``None``)."""
@@ -173,6 +284,7 @@ class CriticalBatchSizeEstimate:
             "tolerance": self.tolerance,
             "regimes": self.regimes,
             "data_regimes": self.data_regimes,
+            "bound_shares": self.bound_shares,
         }
 
 
@@ -213,8 +325,7 @@ def bootstrap_critical_batch_size(
     """
     if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 1:
         raise BatchlabError(f"n_boot must be a positive integer, got {n_boot!r}")
-    if not 0 < level < 1:
-        raise BatchlabError(f"level must be in (0, 1), got {level}")
+    check_level(level)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise BatchlabError(f"seed must be an integer >= 0, got {seed!r}")
     batch_sizes = np.array(sorted(int(b) for b in trial_steps), dtype=float)
@@ -238,46 +349,8 @@ def bootstrap_critical_batch_size(
                               censored_at=censored)
     keys = [int(b_) for b_ in batch_sizes]
     scatter = scatter_from_trials(dict(zip(keys, per_batch)), dict(zip(keys, bounds)))  # None: no study has 2
-    point_fit = fit_steps_curve(curve, b0=b0, scatter=scatter)  # raises if < 2 reached
-    data = read_regimes(curve, tolerance, b0=point_fit.b0)  # the same B0 as the fit and overhead_20pct
-    estimates: dict[str, float | None] = {"s_min": point_fit.s_min, "e_min": point_fit.e_min}
-    for d in REGISTRY:
-        estimates[d.name] = d.value(point_fit, tolerance, point_fit.b0, data)
-
-    b, y, v, kind = observation_arrays(curve)
-    trial_sd, trial_dof = scatter_arrays(scatter, b)
-    prof = profile_intervals(b, y[None], v[None], kind[None], level=level, sigma_floor=point_fit.sigma_floor,
-                             trial_sd=trial_sd, trial_dof=trial_dof)
-    pick = lambda key: float(prof[key][0])  # noqa: E731
-    b_low, b_high = pick("b_crit_low"), pick("b_crit_high")
-    fit_note = {"target": FIT_TARGET, "method": FIT_METHOD, "two_sided": True, "note": None,
-                "scatter": point_fit.scatter, "scatter_source": point_fit.scatter_source,
-                "scatter_dof": point_fit.scatter_dof,
-                "trials_scatter": None if scatter is None else scatter.to_dict()}
-    intervals: dict[str, tuple[float | None, float | None]] = {}
-    notes: dict[str, dict] = {}
-    no_interval = np.isnan(b_low)
-    for name, (low, high) in {
-        "s_min": (pick("s_min_low"), pick("s_min_high")),
-        "e_min": (pick("e_min_low"), pick("e_min_high")),
-    }.items():
-        intervals[name] = (None, None) if no_interval else (low, high)
-        notes[name] = dict(fit_note, note="range of the profiled value over the B_crit interval")
-    for d in REGISTRY:
-        if d.source == "data":
-            intervals[d.name] = (None, None)
-            notes[d.name] = {"target": None, "method": None, "two_sided": False,
-                             "note": "a measured batch size read from the data: no interval (see regime_fractions)"}
-            continue
-        if no_interval:
-            intervals[d.name] = (None, None)
-            notes[d.name] = dict(fit_note, note="no interval: the fit has no residual degrees of freedom (two points) "
-                                                "and no trials' scatter (no study with two reached trials)")
-            continue
-        # a fit-derived value does not decrease with B_crit: its interval is B_crit's, mapped
-        intervals[d.name] = (d.from_b_crit(b_low, tolerance, point_fit.b0),
-                             d.from_b_crit(b_high, tolerance, point_fit.b0))
-        notes[d.name] = dict(fit_note, note=None if np.isfinite(b_high) else "unbounded above: no plateau is required by the data")
+    one = fit_with_intervals(curve, level=level, tolerance=tolerance, b0=b0, scatter=scatter)  # raises if < 2 reached
+    point_fit, data = one.fit, one.data_regimes
     # regime shares from trial-resampled curves (descriptive)
     rng = np.random.default_rng(seed)
     replicates = _resampled_steps(per_batch, n_boot, rng, bounds)
@@ -286,22 +359,25 @@ def bootstrap_critical_batch_size(
     replicates = replicates[determined]
     unique, inverse = np.unique(replicates, axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)
-    labels = []
+    read = []  # read_regimes of each distinct replicate (None: fewer than two reached, or B0 not reached)
     rep_b0 = data["b0"]
     for row in unique:
         rep = curve_from_arrays(batch_sizes, row, censored_at=censored)
         if sum(rep.reached) < 2:
-            labels.append(None)
+            read.append(None)
             continue
         try:
             # the same B0 as the point estimate; a replicate that does not reach it fails when B0 was
             # given, else it reads from its own smallest reached batch size
             reached_here = {int(b_) for b_, s_ in zip(batch_sizes, row) if np.isfinite(s_)}
             use_b0 = rep_b0 if (b0 is not None or rep_b0 in reached_here) else None
-            labels.append([p["regime"] for p in read_regimes(rep, tolerance, b0=use_b0)["points"]])
+            read.append(read_regimes(rep, tolerance, b0=use_b0))
         except BatchlabError:
-            labels.append(None)
-    per_rep = [labels[i] for i in inverse]
+            read.append(None)
+    per_rep_read = [read[i] for i in inverse]  # one per determined replicate, duplicates expanded
+    # undetermined replicates (racing) are not read either: the shares are of all n_boot replicates
+    shares = bound_shares(per_rep_read + [None] * n_undetermined)
+    per_rep = [None if r is None else [p["regime"] for p in r["points"]] for r in per_rep_read]
     good = [lab for lab in per_rep if lab is not None]
     n_failed = len(per_rep) - len(good)
     shared = len(good) + n_undetermined  # the shares' denominator
@@ -343,10 +419,7 @@ def bootstrap_critical_batch_size(
                 "regime_fractions_undetermined": (n_undetermined / shared) if shared else None,
             }
         )
-    warnings = list(point_fit.warnings)
-    for key in (d.name for d in REGISTRY if d.source == "data"):
-        if data[key]["value"] is None:
-            warnings.append(f"{key}: {data[key]['reason']}")
+    warnings = list(one.warnings)
     if n_undetermined:
         warnings.append(f"{n_undetermined} of {n_boot} resampled curves are undetermined (racing: at some batch size "
                         "the resampled trials held only raced trials stopped before any known to reach the goal); "
@@ -358,18 +431,19 @@ def bootstrap_critical_batch_size(
     return CriticalBatchSizeEstimate(
         curve=curve,
         fit=point_fit,
-        estimates=estimates,
-        intervals=intervals,
+        estimates=one.estimates,
+        intervals=one.intervals,
         level=level,
         n_boot=int(n_boot),
         n_failed=int(n_failed),
         seed=seed,
         tolerance=tolerance,
         regimes=rows,
-        interval_notes=notes,
+        interval_notes=one.notes,
         data_regimes=data,
         warnings=tuple(warnings),
         n_undetermined=n_undetermined,
+        bound_shares=shares,
     )
 
 

@@ -4,16 +4,24 @@ A steps table has one row per batch size (per group): columns ``batch_size`` and
 result, updates), optional ``reached`` (bool; default: ``steps`` is a finite number, so an empty cell or
 ``inf`` means not reached), ``budget`` (the step
 budget an unreached batch size ran to: its censoring bound ``S > budget``) and ``steps_lower`` (the
-evaluation step before the reaching one: the bracket ``(steps_lower, steps]``), and the pass-through
-columns ``n_trials`` (trials run at that batch size) and ``second_steps`` (the second-best trial's
-steps, empty or ``inf`` where it did not reach the goal), copied into each batch size's row of the
-result and not used by the fit. Other columns are ignored unless named as the group column. An
-unreached row's censoring bound is its ``budget``, else its ``steps`` value (the steps it ran); an
-unreached row with neither is an error (never dropped). Without ``steps_lower`` the steps are treated
-as exact. Batch sizes, steps, budgets, steps_lower, n_trials and second_steps are whole numbers (steps
+evaluation step before the reaching one: the bracket ``(steps_lower, steps]``), and the trial columns
+``n_trials`` (trials run at that batch size), ``n_reached`` (those that reached the goal) and
+``second_steps`` (the second-best trial's steps, empty or ``inf`` where it did not reach the goal),
+copied into each batch size's row of the result, and ``learning_rate``, ``momentum`` (the best
+trial's values). Other columns are ignored unless named as the group column. An unreached row's
+censoring bound is its ``budget``, else its ``steps`` value (the steps it ran); an unreached row with
+neither is an error (never dropped). Without ``steps_lower`` the steps are treated as exact. Batch
+sizes, steps, budgets, steps_lower, n_trials, n_reached and second_steps are whole numbers (steps
 count updates; a fractional value is an error naming its rows, rows counted from 1 below the header),
 at most 2^53 (:data:`LARGEST`, the largest whole number a float holds exactly). A CSV is UTF-8 text
 (a byte-order mark allowed); a file in another encoding is one line saying so.
+
+Each group is fitted by :func:`batchlab.analysis.bootstrap.fit_with_intervals`, the fit a store gets:
+with ``n_trials`` and ``second_steps`` the trials' scatter comes from each batch size's best two
+(:func:`batchlab.analysis.scatter.scatter_from_best_two`, :func:`table_scatter`), as a store holding
+those trials gives it. With ``n_trials`` and ``n_reached`` each group gets its tuning flags
+(:func:`batchlab.analysis.tuning_flags.tuning_flags`, :func:`table_tuning`) and B_crit with and
+without the flagged batch sizes (:func:`~batchlab.analysis.tuning_flags.flagged_fit_effect`).
 
 Definitions of every returned quantity: docs/methods.md ("Critical batch size", "Regimes read from
 the data", "The S(B) fit", "Intervals", "Steps tables").
@@ -27,17 +35,21 @@ from pathlib import Path
 
 import numpy as np
 
-from batchlab.analysis.bootstrap import FIT_METHOD, FIT_TARGET
-from batchlab.analysis.critical_batch_size import observation_arrays, profile_intervals, summarize_curve
-from batchlab.analysis.definitions import REGISTRY
+from batchlab.analysis.bootstrap import CurveFit, check_level, fit_with_intervals
 from batchlab.analysis.curve import StepsCurve
+from batchlab.analysis.definitions import REGISTRY
 from batchlab.analysis.regimes import check_tolerance
+from batchlab.analysis.scatter import ScatterEstimate, scatter_from_best_two
+from batchlab.analysis.tuning_flags import POINT_KINDS, StudyTuning, flagged_fit_effect, tuning_flags
 from batchlab.errors import BatchlabError, decode_utf8, one_line
 
 REQUIRED = ("batch_size", "steps")
-OPTIONAL = ("reached", "budget", "steps_lower", "n_trials", "second_steps")
-#: Columns copied into each batch size's result row, unused by the fit.
-PASS_THROUGH = ("n_trials", "second_steps")
+OPTIONAL = ("reached", "budget", "steps_lower", "n_trials", "n_reached", "second_steps", "learning_rate", "momentum")
+#: Whole-number trial columns copied into each batch size's result row (the trials' scatter reads
+#: ``n_trials`` and ``second_steps``, the tuning flags ``n_trials`` and ``n_reached``).
+PASS_THROUGH = ("n_trials", "n_reached", "second_steps")
+#: The best trial's hyperparameters a table may give (numbers; the tuning flags compare ``learning_rate``).
+TUNED = ("learning_rate", "momentum")
 #: The fit parameters and fit-derived named batch sizes given intervals (in this order).
 INTERVAL_NAMES = ("s_min", "e_min", *(d.name for d in REGISTRY if d.source == "fit"))
 FORMATS = (".csv", ".parquet", ".pq")
@@ -100,6 +112,9 @@ def read_steps_table(path: str | Path):
     bad = steps[reached & ~(np.isfinite(steps) & (steps > 0))]
     if bad.size:
         raise BatchlabError(f"steps table {str(path)!r}: steps must be > 0 where the goal was reached, got {bad.tolist()[:5]}")
+    for column in TUNED:
+        if column in frame.columns:
+            frame[column] = _numeric(frame[column], column, path)
     for column in ("steps", "budget", "steps_lower", *PASS_THROUGH):
         if column in frame.columns:
             if column != "steps":
@@ -135,6 +150,14 @@ def read_steps_table(path: str | Path):
         if wrong.any():
             raise BatchlabError(f"steps table {str(path)!r}: n_trials must be >= 1 (or empty), got "
                                 f"{trials[wrong].tolist()[:5]} in row(s) {row_numbers(wrong)}")
+    if "n_reached" in frame.columns:
+        got = frame["n_reached"].to_numpy()
+        trials = frame["n_trials"].to_numpy() if "n_trials" in frame.columns else np.full(len(frame), np.nan)
+        wrong = np.isfinite(got) & ((reached & (got < 1)) | (~reached & (got > 0)) | (got > trials))
+        if wrong.any():
+            raise BatchlabError(f"steps table {str(path)!r}: n_reached must be >= 1 where the goal was reached, 0 where "
+                                f"it was not, and at most n_trials (or empty), got {got[wrong].tolist()[:5]} in row(s) "
+                                f"{row_numbers(wrong)}")
     if "second_steps" in frame.columns:
         second = frame["second_steps"].to_numpy()
         wrong = np.isfinite(second) & (~reached | (second < np.where(reached, steps, 0.0)))
@@ -200,12 +223,19 @@ def fit_steps_table(path: str | Path, group_by: str | None = None, tolerance: fl
     (``mccandlish_b_crit``, ``overhead_20pct``, ...; the data-read ones are ``None`` with a reason in
     ``reasons``), ``intervals`` (``{name: {"low", "high"}}`` for ``s_min``, ``e_min`` and every
     fit-derived named batch size, :data:`INTERVAL_NAMES`; ``None`` on an unbounded side) with
-    ``interval`` (``level``, ``target``, ``method``, ``scatter``, ``note``: :func:`curve_intervals`),
-    ``residual`` (rms log residual), ``chi2``, ``dof``, ``p_value``,
-    ``b0``, ``batch_size_range``, ``points_used``, ``censored_batch_sizes``, ``extrapolated``,
-    ``warnings``, ``reasons``, ``tolerance``, ``regimes`` (per batch size: ``batch_size``, ``steps``,
-    ``regime`` and the table's pass-through columns, :data:`PASS_THROUGH`); ``error`` (``None``, or
-    why the group could not be fitted, e.g. fewer than two reached batch sizes, with the other values
+    ``interval`` (``level``, ``target``, ``method``, ``scatter``, ``scatter_source``, ``scatter_dof``,
+    ``trials_scatter``, ``note``: :func:`batchlab.analysis.bootstrap.fit_with_intervals`' notes),
+    ``residual`` (rms log residual), ``max_abs_log_residual``, ``chi2``, ``dof``, ``p_value``, ``misfit``
+    (what is wrong when the fit is poor, else ``None``), ``b0``, ``batch_size_range``, ``points_used``,
+    ``censored_batch_sizes``, ``extrapolated``, ``warnings``, ``reasons``, ``tolerance``, ``regimes`` (per
+    batch size: ``batch_size``, ``steps``, ``regime`` and the table's trial columns, :data:`PASS_THROUGH`),
+    ``tuning_flags`` (:meth:`~batchlab.analysis.tuning_flags.TuningFlag.to_dict` of each flag; ``None``
+    without ``n_trials`` and ``n_reached`` on every row of the group) and ``flagged_fit_effect``
+    (:meth:`~batchlab.analysis.tuning_flags.FlaggedFitEffect.to_dict` plus ``text``; ``None`` without
+    flags or without a fit) and ``point_flagged_fit_effect`` (the same with only the batch sizes of the
+    point kinds, :data:`~batchlab.analysis.tuning_flags.POINT_KINDS`, left out, as the report gives it;
+    ``None`` unless those are some but not all of the flagged batch sizes); ``error`` (``None``, or why
+    the group could not be fitted, e.g. fewer than two reached batch sizes, with the fit's values
     ``None``).
     """
     check_tolerance(tolerance)
@@ -216,90 +246,128 @@ def fit_steps_frame(frame, group_by: str | None = None, tolerance: float = 0.1, 
                     level: float = 0.9, label: str = "") -> list[dict]:
     """:func:`fit_steps_table` of a frame :func:`read_steps_table` returned (``label`` names the curves)."""
     check_tolerance(tolerance)
-    if not 0 < level < 1:
-        raise BatchlabError(f"level must be in (0, 1), got {level}")
+    check_level(level)
     passed = [c for c in PASS_THROUGH if c in frame.columns]
     out = []
     rows_of = dict(table_groups(frame, group_by))
     for key, curve in steps_table_curves(frame, group_by, label=label):
+        rows = rows_of[key]
         entry = {"group": key, "group_by": group_by, "tolerance": tolerance, "error": None}
+        studies, missing = table_tuning(rows)
+        flags = None if studies is None else tuning_flags(studies, tolerance)
         try:
-            summary = summarize_curve(curve, tolerance=tolerance, b0=b0)
+            one = table_fit_fn(rows, level, tolerance, b0)(curve)
         except BatchlabError as exc:
             entry["error"] = str(exc)
             for name in ("s_min", "s_min_measured", "e_min", *(d.name for d in REGISTRY), "residual", "intervals"):
                 entry[name] = None
+            entry["tuning_flags"] = None if flags is None else [f.to_dict() for f in flags]
+            entry["flagged_fit_effect"] = entry["point_flagged_fit_effect"] = None
             out.append(entry)
             continue
-        named = summary["critical_batch_sizes"]
-        fit = summary["fit"]
-        intervals, interval = curve_intervals(curve, tolerance, fit["b0"], level, fit["sigma_floor"])
-        extra = {int(r["batch_size"]): {c: _whole_or_none(r[c]) for c in passed} for _, r in rows_of[key].iterrows()}
-        entry.update(
-            {
-                "s_min": fit["s_min"],
-                "s_min_measured": summary["s_min"]["measured"]["value"],
-                "e_min": fit["e_min"],
-                **{name: value["value"] for name, value in named.items()},
-                "intervals": intervals,
-                "interval": interval,
-                "residual": fit["rms_log_residual"],
-                "max_abs_log_residual": fit["max_abs_log_residual"],
-                "chi2": fit["chi2"],
-                "dof": fit["dof"],
-                "p_value": fit["p_value"],
-                "b0": summary["b0"],
-                "batch_size_range": summary["batch_size_range"],
-                "points_used": summary["points_used"],
-                "censored_batch_sizes": summary["censored_batch_sizes"],
-                "extrapolated": summary["extrapolated"],
-                "warnings": summary["warnings"],
-                "reasons": {d.name: named[d.name].get("reason") for d in REGISTRY if d.source == "data"},
-                "regimes": [{"batch_size": r["batch_size"], "steps": r["steps"], "regime": r["regime"],
-                             **extra[r["batch_size"]]} for r in summary["regimes"]],
-            }
-        )
+        entry.update(_fit_entry(one, level))
+        if missing:
+            entry["warnings"].append(f"no tuning flags: n_trials or n_reached is empty at B = {missing}")
+        entry["tuning_flags"] = None if flags is None else [f.to_dict() for f in flags]
+        entry["flagged_fit_effect"] = entry["point_flagged_fit_effect"] = None
+        if flags:
+            # the same fit on the kept batch sizes, the trials' scatter from their rows alone (as a
+            # store's fit of those batch sizes reads it from their trials; B0 their own, as there)
+            fit_fn = table_fit_fn(rows, level, tolerance)
+            effect = flagged_fit_effect(curve, flags, fit_fn, full=one)
+            entry["flagged_fit_effect"] = effect.to_dict() | {"text": effect.text()}
+            # the point kinds alone, as the report shows them: when they flag some, not all, flagged sizes
+            point_sizes = {f.batch_size for f in flags if f.kind in POINT_KINDS}
+            if point_sizes and point_sizes != {f.batch_size for f in flags}:
+                points = flagged_fit_effect(curve, flags, fit_fn, full=one, leave_out=POINT_KINDS)
+                entry["point_flagged_fit_effect"] = points.to_dict() | {"text": points.text()}
+        extra = {int(r["batch_size"]): {c: _whole_or_none(r[c]) for c in passed} for _, r in rows.iterrows()}
+        entry["regimes"] = [{**r, **extra[r["batch_size"]]} for r in entry["regimes"]]
         out.append(entry)
     return out
 
 
-def curve_intervals(curve: StepsCurve, tolerance: float, b0: float, level: float = 0.9,
-                    sigma_floor: float | None = None) -> tuple[dict, dict]:
-    """Profile-likelihood intervals of one curve's fit, as ``analyze critical-batch-size`` gives them.
-
-    :func:`batchlab.analysis.critical_batch_size.profile_intervals` over
-    :func:`~batchlab.analysis.critical_batch_size.observation_arrays` of ``curve``: ``S_min`` and
-    ``E_min`` over the accepted B_crit set, each fit-derived named batch size its definition applied to
-    the B_crit bounds (``b0``: the fit's B0). Returns ``({name: {"low", "high"}}`` for
-    :data:`INTERVAL_NAMES` (``None`` on an unbounded side, both ``None`` when the fit has no residual
-    degrees of freedom), ``{"level", "target", "method", "scatter", "note"})`` (docs/methods.md,
-    "Intervals").
-    """
-    b, y, v, kind = observation_arrays(curve)
-    floor = {} if sigma_floor is None else {"sigma_floor": sigma_floor}
-    prof = {k: float(np.asarray(value).reshape(-1)[0])
-            for k, value in profile_intervals(b, y[None], v[None], kind[None], level=level, **floor).items()}
-    b_low, b_high = prof["b_crit_low"], prof["b_crit_high"]
-    none = math.isnan(b_low)
-    bounds = {"s_min": (prof["s_min_low"], prof["s_min_high"]), "e_min": (prof["e_min_low"], prof["e_min_high"])}
-    for d in REGISTRY:
-        if d.source == "fit" and not none:
-            bounds[d.name] = (d.from_b_crit(b_low, tolerance, b0), d.from_b_crit(b_high, tolerance, b0))
-    intervals = {name: {"low": None, "high": None} if none else
-                 {"low": _finite_or_none(bounds[name][0]), "high": _finite_or_none(bounds[name][1])}
-                 for name in INTERVAL_NAMES}
-    if none:
-        note = "no interval: the fit has no residual degrees of freedom (two points)"
-    elif not math.isfinite(b_high):
-        note = "unbounded above: no plateau is required by the data"
-    else:
-        note = None
-    return intervals, {"level": level, "target": FIT_TARGET, "method": FIT_METHOD,
-                       "scatter": _finite_or_none(prof.get("scatter", math.nan)), "note": note}
+def _fit_entry(one: CurveFit, level: float) -> dict:
+    """The fit's part of a group's entry (keys: :func:`fit_steps_table`)."""
+    fit, data = one.fit, one.data_regimes
+    note = one.notes["mccandlish_b_crit"]
+    return {
+        "s_min": _finite_or_none(fit.s_min),
+        "s_min_measured": data["s_min_measured"]["value"],
+        "e_min": _finite_or_none(fit.e_min),
+        **{d.name: _finite_or_none(one.estimates[d.name]) for d in REGISTRY},
+        "intervals": {name: {"low": _finite_or_none(one.intervals[name][0]),
+                             "high": _finite_or_none(one.intervals[name][1])} for name in INTERVAL_NAMES},
+        "interval": {"level": level, **{k: note[k] for k in ("target", "method", "scatter", "scatter_source",
+                                                             "scatter_dof", "trials_scatter", "note")}},
+        "residual": fit.rms_log_residual,
+        "max_abs_log_residual": fit.max_abs_log_residual,
+        "chi2": fit.chi2,
+        "dof": fit.dof,
+        "p_value": fit.p_value,
+        "misfit": fit.misfit,
+        "b0": fit.b0,
+        "batch_size_range": [fit.smallest_batch_size, fit.largest_batch_size],
+        "points_used": fit.n_points,
+        "censored_batch_sizes": [r["batch_size"] for r in fit.residuals if r["use"] == "censored"],
+        "extrapolated": fit.extrapolated,
+        "warnings": list(one.warnings),
+        "reasons": {d.name: data[d.name].get("reason") for d in REGISTRY if d.source == "data"},
+        "regimes": [{"batch_size": p["batch_size"], "steps": p["steps"], "regime": p["regime"]} for p in data["points"]],
+    }
 
 
-def _finite_or_none(value: float) -> float | None:
-    return float(value) if math.isfinite(value) else None
+def table_fit_fn(rows, level: float = 0.9, tolerance: float = 0.1, b0: float | None = None):
+    """The fit of a curve made from (some of) one group's ``rows``:
+    :func:`~batchlab.analysis.bootstrap.fit_with_intervals` with the trials' scatter of the rows at the
+    curve's batch sizes (:func:`table_scatter`). A ``fit_fn`` for
+    :func:`~batchlab.analysis.tuning_flags.flagged_fit_effect`."""
+    def fit(curve: StepsCurve) -> CurveFit:
+        return fit_with_intervals(curve, level=level, tolerance=tolerance, b0=b0,
+                                  scatter=table_scatter(rows, curve.batch_sizes))
+
+    return fit
+
+
+def table_scatter(rows, batch_sizes=None) -> ScatterEstimate | None:
+    """The trials' scatter of one group's rows (:func:`~batchlab.analysis.scatter.scatter_from_best_two`
+    of each row's ``steps`` where reached, ``second_steps`` and ``n_trials``), over the rows whose batch
+    size is in ``batch_sizes`` (default: every row). ``None`` without both columns, or when no row has
+    two reached trials (then the fit uses its floor or the residuals)."""
+    if "n_trials" not in rows.columns or "second_steps" not in rows.columns:
+        return None
+    if batch_sizes is not None:
+        rows = rows[rows["batch_size"].isin([int(b) for b in batch_sizes])]
+    reached = rows["reached"].to_numpy(dtype=bool)
+    best = np.where(reached, rows["steps"].to_numpy(dtype=float), np.nan)
+    return scatter_from_best_two(rows["batch_size"].to_numpy(dtype=float), best,
+                                 rows["second_steps"].to_numpy(dtype=float), rows["n_trials"].to_numpy(dtype=float))
+
+
+def table_tuning(rows) -> tuple[list[StudyTuning] | None, list[int]]:
+    """One :class:`~batchlab.analysis.tuning_flags.StudyTuning` per row of one group (space unknown;
+    ``best_point`` the row's finite :data:`TUNED` values where reached), and the batch sizes whose
+    ``n_trials`` or ``n_reached`` is empty. ``(None, [])`` without both columns; ``(None, [...])`` when a
+    row lacks either."""
+    if "n_trials" not in rows.columns or "n_reached" not in rows.columns:
+        return None, []
+    trials, got = rows["n_trials"].to_numpy(dtype=float), rows["n_reached"].to_numpy(dtype=float)
+    sizes = rows["batch_size"].to_numpy().astype(np.int64)
+    empty = ~(np.isfinite(trials) & np.isfinite(got))
+    if empty.any():
+        return None, sizes[empty].tolist()
+    tuned = [c for c in TUNED if c in rows.columns]
+    studies = []
+    for (_, row), b, k, n in zip(rows.iterrows(), sizes, trials, got):
+        point = {c: float(row[c]) for c in tuned if math.isfinite(float(row[c]))} if row["reached"] else None
+        studies.append(StudyTuning(batch_size=int(b), steps=int(row["steps"]) if row["reached"] else None,
+                                   n_reached=int(n), n_trials=int(k), best_point=point))
+    return studies, []
+
+
+def _finite_or_none(value):
+    """``value``, or ``None`` where it is ``None`` or not finite (JSON-ready; whole numbers stay whole)."""
+    return None if value is None or not math.isfinite(value) else value
 
 
 def _whole_or_none(value) -> int | None:

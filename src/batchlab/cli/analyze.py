@@ -325,8 +325,12 @@ def _critical_batch_size_table(path: Path, group_by: str | None, tolerance: floa
         note_text = (row.get("interval") or {}).get("note")
         if note_text:
             line(f"interval{where}: {note_text}")
-        for warning in row.get("warnings") or []:
+        # the fit's warnings, then the tuning flags and B_crit without the flagged batch sizes, as for a store
+        for warning in _warnings(row, {}):
             line(f"warning{where}: {warning}")
+        points = row.get("point_flagged_fit_effect")
+        if isinstance(points, dict) and points.get("text"):
+            line(f"warning{where}: tuning flags ({' and '.join(points['leave_out'])} only): {points['text']}")
 
 
 def with_interval(value, interval) -> str:

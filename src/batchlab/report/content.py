@@ -268,7 +268,8 @@ def _fit_and_figure(con, out: UnitResult, selection, n_boot: int, level: float, 
                       "low": b_crit["low"], "high": b_crit["high"], "extrapolated": bool(summary["extrapolated"]),
                       "n_points": summary["points_used"], "ps_end": ps.get("value"),
                       "ps_beyond": ps.get("lower_bound") if ps.get("value") is None else None, "level": level,
-                      "poor_fit": any(str(w).startswith("poor fit") for w in summary["warnings"])}
+                      "poor_fit": any(str(w).startswith("poor fit") for w in summary["warnings"]),
+                      "misfit": summary["fit"]["misfit"]}
     out.tables.append(_steps_table(out, estimate))
     _flag_tables(con, out, selection, estimate, n_boot, level, seed)
     flagged = sorted({f.batch_size for f in out.tuning_flags})
@@ -811,7 +812,8 @@ def summary_line(r: UnitResult, with_group: bool = False) -> str:
     if bc["extrapolated"]:
         tail.append("extrapolated")
     if bc.get("poor_fit"):
-        tail.append("poor fit: the curve is not a hyperbola within its brackets")
+        # what the residuals show beyond the trials' scatter (a rise, a bend, scatter at named batch sizes)
+        tail.append(f"poor fit: {bc.get('misfit') or 'the hyperbola is rejected beyond the scatter'}")
     if bc.get("flagged_batch_sizes"):
         text_flags = (f"tuning flags at B={', '.join(map(str, bc['flagged_batch_sizes']))}; B_crit without them "
                       + _b_crit_text(bc["without_flagged"]))
