@@ -67,34 +67,36 @@ def test_the_dataset_example_serves_mnist_through_a_dataset(chdir_root):
     assert last["val/classification_error"] < 0.5 < first["val/classification_error"]
 
 
-def _first_points_reach(reference: str, optimizer: str, batch_sizes, steps: int) -> list:
-    """``(batch size, steps to goal)`` of the first of the 2 trials a documented 2-trial sweep of
-    ``reference`` runs (its workload's declared search space, sweep seed 0: the point, the trial seed
-    and the data seed the sweep gives its first trial), at each of ``batch_sizes``."""
-    from batchlab.search import study_search_space
+def _documented_sweep_reaches(reference: str, optimizer: str, batch_sizes, steps: int) -> list:
+    """``(batch size, steps to goal of each of its 2 trials)`` of a documented 2-trial sweep of
+    ``reference`` (its workload's declared search space, sweep seed 0: each study's own points, trial
+    seeds and data seed as the sweep gives them), at each of ``batch_sizes``."""
+    from batchlab.search import study_points_seed, study_search_space
     from batchlab.sweep.keys import trial_seed
     from batchlab.train import TrialSpec, run_trial
 
     workload = resolve_workload(reference)
-    point = study_search_space(optimizer, None, workload).sample(2, seed=0)[0]
-    return [(b, run_trial(TrialSpec(workload=workload, optimizer=optimizer, batch_size=b, steps=steps,
-                                    hyperparameters=point, seed=trial_seed(0, 0), data_seed=0)).steps_to_goal)
+    space = study_search_space(optimizer, None, workload)
+    return [(b, [run_trial(TrialSpec(workload=workload, optimizer=optimizer, batch_size=b, steps=steps,
+                                     hyperparameters=point, seed=trial_seed(0, i), data_seed=0)).steps_to_goal
+                 for i, point in enumerate(space.sample(2, seed=study_points_seed(0, workload.name, optimizer, b)))])
             for b in batch_sizes]
 
 
 def test_the_regression_sweeps_reach_the_goal_at_every_documented_batch_size(chdir_root):
     """Before: SGD's generic range [1e-3, 10] gave 2-trial sweeps 0.0067 and 0.67 and no batch size
     reached the goal, so ``analyze critical-batch-size`` failed. The documented sweeps name batch sizes
-    16, 64 and 256 with 200 steps (examples/README.md, docs/workloads.md, README.md)."""
-    reached = _first_points_reach(REGRESSION, "sgd", (16, 64, 256), 200)
-    assert all(steps is not None and steps < 200 for _, steps in reached), reached
+    16, 64 and 256 with 200 steps (examples/README.md, docs/workloads.md, README.md); a batch size
+    reaches when one of its 2 trials does."""
+    reached = _documented_sweep_reaches(REGRESSION, "sgd", (16, 64, 256), 200)
+    assert all(any(s is not None and s < 200 for s in steps) for _, steps in reached), reached
 
 
 @pytest.mark.slow
 def test_the_dataset_example_sweep_reaches_the_goal_at_its_documented_batch_sizes(chdir_root):
     """examples/README.md sweeps the CNN at batch sizes 64 and 256 with 300 steps."""
-    reached = _first_points_reach(DIGITS, "momentum", (64, 256), 300)
-    assert all(steps is not None and steps < 300 for _, steps in reached), reached
+    reached = _documented_sweep_reaches(DIGITS, "momentum", (64, 256), 300)
+    assert all(any(s is not None and s < 300 for s in steps) for _, steps in reached), reached
 
 
 def test_the_examples_describe_themselves_as_json(chdir_root):

@@ -137,3 +137,48 @@ def test_duplicate_names_and_bad_counts():
         space.point(-2)
     with pytest.raises(BatchlabError, match="seed"):
         space.sample(2, seed=-1)
+
+
+def test_study_points_seed_is_stable_and_distinct_per_study():
+    from batchlab.search import study_points_seed
+
+    seeds = {study_points_seed(s, w, o, b) for s in (0, 1) for w in ("a/b", "a/c") for o in ("sgd", "adam")
+             for b in (1, 2, 1024)}
+    assert len(seeds) == 24 and all(0 <= s < 2**63 for s in seeds)
+    assert study_points_seed(0, "a/b", "sgd", 8) == study_points_seed(0, "a/b", "sgd", 8)
+    assert study_points_seed(0, "a/b", "sgd", 8, search_round=1) != study_points_seed(0, "a/b", "sgd", 8)
+    with pytest.raises(BatchlabError, match="seed"):
+        study_points_seed(-1, "a/b", "sgd", 8)
+
+
+@given(u=st.floats(0.0, 0.999))
+def test_unit_inverts_value(u):
+    for p in (Parameter("a", "DOUBLE", "LOG", 1e-4, 1.0), Parameter("b", "DOUBLE", "REVERSE_LOG", 0.5, 0.999),
+              Parameter("c", "DOUBLE", "LINEAR", -1.0, 3.0)):
+        assert math.isclose(p.unit(p.value(u)), u, abs_tol=1e-9)
+    n = Parameter("n", "INTEGER", "LINEAR", 10, 19)
+    assert n.value(n.unit(n.value(u))) == n.value(u)
+    d = Parameter("d", "DISCRETE", feasible_points=(0.0, 0.1, 0.2, 0.3))
+    assert d.value(d.unit(d.value(u))) == d.value(u)
+
+
+def test_box_around_a_point_in_each_parameters_own_scale():
+    space = SearchSpace([Parameter("lr", "DOUBLE", "LOG", 1e-4, 1.0),
+                         Parameter("m", "DOUBLE", "REVERSE_LOG", 0.5, 0.999),
+                         Parameter("n", "INTEGER", "LINEAR", 0, 99),
+                         Parameter("d", "DISCRETE", feasible_points=(0.0, 0.1, 0.2, 0.3))])
+    centre = {"lr": 1e-2, "m": 0.998, "n": 50, "d": 0.1}
+    box = space.box(centre, 0.25)
+    lr, m, n, d = box.parameters
+    assert (lr.scale, m.scale) == ("LOG", "REVERSE_LOG")
+    assert math.isclose(lr.min_value, 1e-3) and math.isclose(lr.max_value, 1e-1)  # a decade each way of 4
+    assert 0.5 < m.min_value < 0.998 and m.max_value == 0.999  # clipped at the top edge
+    assert (n.min_value, n.max_value) == (25, 75) and d.feasible_points == (0.0, 0.1, 0.2)
+    for point in box.sample(64, seed=0):  # every point within a quarter range of the centre, in unit coordinates
+        assert all(abs(p.unit(point[p.name]) - p.unit(centre[p.name])) <= 0.25 + 1e-9 for p in space.parameters[:2])
+    # at a search edge the box extends the scale past it: beyond 0.999 (still below 1) and below 1e-4
+    wide = space.box({**centre, "lr": 1.5e-4}, 0.25, extend=("lr", "m"))
+    assert wide.parameters[0].min_value < 1e-4 and 0.999 < wide.parameters[1].max_value < 1
+    assert math.isclose(wide.parameters[0].min_value, 1.5e-4 / 10)
+    with pytest.raises(BatchlabError, match="half width"):
+        space.box(centre, 0.0)

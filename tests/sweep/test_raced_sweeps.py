@@ -14,10 +14,18 @@ from batchlab.sweep.executors import InlineExecutor
 from batchlab.sweep.runner import prepare_sweep, run_sweep
 from sweep_helpers import child_env, run_sweep_cli, store_contents, sweep_command
 
+# SGD's learning rate over [0.01, 1] (the example file): each study searches its own points, and over
+# the default [1e-3, 10] only one of 5 (or 8) points per study reaches the goal here, so nothing is raced
+from pathlib import Path
+
+SPACE_FILE = Path(__file__).resolve().parents[2] / "src/batchlab/sweep/examples/sgd_learning_rate.toml"
+LEARNING_RATE = {"type": "DOUBLE", "min_value": 0.01, "max_value": 1.0, "scale": "LOG_SCALE"}
 SETTINGS = {"workloads": ["mnist/fc_64_64_64"], "optimizers": ["sgd"], "batch_sizes": [32, 128], "trials": 5,
-            "steps": 80, "train_examples": 512, "seed": 0, "goal": 0.5}
+            "steps": 80, "train_examples": 512, "seed": 0, "goal": 0.5,
+            "search_spaces": {"sgd": {"learning_rate": LEARNING_RATE}}}
 CLI = ["mnist/fc_64_64_64", "--optimizer", "sgd", "--batch-sizes", "32,128", "--trials", "5", "--steps", "80",
-       "--train-examples", "512", "--seed", "0", "--goal", "0.5", "--race", "--vectorize"]
+       "--train-examples", "512", "--seed", "0", "--goal", "0.5", "--race", "--vectorize",
+       "--search-space", str(SPACE_FILE)]
 
 
 def _sweep(path, **overrides):

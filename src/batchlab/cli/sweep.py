@@ -23,8 +23,8 @@ from batchlab.cli import options as opt
 CONFIG_KEYS = (
     "workloads", "optimizers", "batch_sizes", "trials", "store", "steps", "budget_epochs", "min_steps",
     "max_steps", "budgets", "train_examples", "seed", "stop_at_goal", "grow_budget", "grow_factor",
-    "max_budget_growths", "executor", "workers", "scheduler", "evaluations", "resolution", "schedule", "goal",
-    "device", "vectorize", "vectorize_trials", "race", "batch_order", "search_spaces",
+    "max_budget_growths", "refine_search", "executor", "workers", "scheduler", "evaluations", "resolution",
+    "schedule", "goal", "device", "vectorize", "vectorize_trials", "race", "batch_order", "search_spaces",
 )
 EPILOG = (
     "Sweep config files (--config FILE, TOML; WORKLOAD and options given on the command line override the file) "
@@ -106,6 +106,11 @@ def register(app: typer.Typer) -> None:
             "--grow-budget/--no-grow-budget",
             help="Grow the budget (and stretch decay and warmup steps) of studies whose trials all ran out of "
                  "steps.")] = None,
+        refine_search: Annotated[Optional[str], typer.Option(
+            "--refine-search", metavar="BUDGET",
+            help="After the sweep's trials, up to BUDGET (a positive integer) more trials per study that a tuning "
+                 "flag fires for, in a box around its best trial, as a recorded search round 1 of that study; the "
+                 "table analyses all rounds of a study together (docs/methods.md, \"Refined search\").")] = None,
         goal: Annotated[Optional[float], typer.Option(
             "--goal", help="Goal on the workload's metric (default: the workload's): trials stop at it and "
                            "resolve its bracket; the table and budget growth use it.")] = None,
@@ -120,6 +125,10 @@ def register(app: typer.Typer) -> None:
 
         if device is not None:
             device = check_device(device)  # here: its message without the "sweep options: field" prefix
+        if refine_search is not None:
+            from batchlab.sweep.refine import refine_budget
+
+            refine_search = refine_budget(refine_search)  # one line naming the flag, exit 2
         options = {
             "optimizers": opt.parse_csv(optimizer, "--optimizer"),
             "batch_sizes": opt.parse_csv(batch_sizes, "--batch-sizes", int),
@@ -127,7 +136,8 @@ def register(app: typer.Typer) -> None:
             "budget_epochs": budget_epochs, "min_steps": min_steps, "max_steps": max_steps,
             "resolution": resolution, "evaluations": evaluations, "schedule": schedule,
             "workers": workers, "scheduler": scheduler, "seed": seed, "stop_at_goal": stop_at_goal,
-            "grow_budget": grow_budget, "goal": goal, "device": device, "race": race, "batch_order": batch_order,
+            "grow_budget": grow_budget, "refine_search": refine_search, "goal": goal, "device": device, "race": race,
+            "batch_order": batch_order,
             "executor": "dask" if dask else None,
             "vectorize": None if vectorize is None else ("always" if vectorize else "never"),
         }

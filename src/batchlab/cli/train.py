@@ -255,15 +255,24 @@ def register(app: typer.Typer) -> None:
         device: opt.Device = "auto",
         race: opt.Race = False,
         search_space: opt.SearchSpaceFile = None,
+        refine_search: Annotated[Optional[str], typer.Option(
+            "--refine-search", metavar="BUDGET",
+            help="When a tuning flag fires for the study's trials (one reaching trial, best trial at a search "
+                 "edge), up to BUDGET (a positive integer) more trials around its best trial, as a recorded search "
+                 "round 1 of the study (docs/methods.md, \"Refined search\").")] = None,
         json_output: StudyJson = False,
     ) -> None:
         """Run one study (one workload at one batch size) and print its best trial."""
         from batchlab.optim import get_optimizer
         from batchlab.search import search_spaces_from_file
         from batchlab.train.device import check_device
-        from batchlab.train.study import check_study, run_study
+        from batchlab.train.study import best_final_summary, check_study, run_study
 
         device = check_device(device)
+        if refine_search is not None:
+            from batchlab.sweep.refine import refine_budget
+
+            refine_search = refine_budget(refine_search)  # one line naming the flag, exit 2
         given = None
         if search_space is not None:
             get_optimizer(optimizer)  # a misspelt optimizer is named as such, not as one the file leaves out
@@ -272,24 +281,33 @@ def register(app: typer.Typer) -> None:
                       train_eval_examples=train_eval_examples, resolution=resolution, refine=refine,
                       device=device, race=race, search_space=given)
         budget = check_study(workload, optimizer, batch_size, trials, steps=steps, **common)
+        common["refine_search"] = refine_search
         opened = opt.open_store(store)
 
-        def trial_row(t) -> dict:
+        def trial_row(t, index: int) -> dict:
+            """One trial's row; ``index``: its place in this run (from ``trials`` on: the search round)."""
             return {
                 "trial_id": t.trial_id, "status": t.status, "steps": t.steps, "steps_to_goal": t.steps_to_goal,
                 "steps_lower": t.steps_lower,
                 "final_metric": t.final_metric(), "parameters": t.parameters, "seed": t.seed,
                 "wall_time_s": round(t.wall_time_s, 3),
+                **({"search_round": int(index >= trials)} if refine_search is not None else {}),
             }
 
+        emitted: list = []
+
+        def emit_trial(t) -> None:
+            emit_json(trial_row(t, len(emitted)))
+            emitted.append(t)
+
         if json_output:
-            result = run_study(workload, optimizer, batch_size, trials, opened, steps=budget,
-                               on_trial=lambda t: emit_json(trial_row(t)), **common)
+            result = run_study(workload, optimizer, batch_size, trials, opened, steps=budget, on_trial=emit_trial,
+                               **common)
         else:
-            with _Bar(f"study {workload} {optimizer} B={batch_size}", trials) as advance:
+            with _Bar(f"study {workload} {optimizer} B={batch_size}", trials + (refine_search or 0)) as advance:
                 result = run_study(workload, optimizer, batch_size, trials, opened, steps=budget,
                                    on_trial=lambda t: advance(), **common)
-        best, best_final = result.best, result.best_final
+        best, final = result.best, best_final_summary(result.trials)
         first = result.trials[0]
         raced = sum(t.status == "RACED" for t in result.trials)
         # trials raced by trials of this study run before (a continued study): this run's best is not the study's
@@ -302,14 +320,21 @@ def register(app: typer.Typer) -> None:
             "steps_to_goal": None if best is None else best.steps_to_goal,
             "steps_lower": None if best is None else best.steps_lower,
             "parameters": None if best is None else best.parameters,
-            "best_final_trial": None if best_final is None else best_final.trial_id,
-            "best_final_metric": None if best_final is None else best_final.final_metric(),
+            **final,  # best final metric over the COMPLETE trials, only when none reached nor was raced
+            **({"tuning_flags": [f.to_dict() for f in result.flags], "refined_trials": len(result.refined)}
+               if refine_search is not None else {}),
         }
         if json_output:
             emit_json(summary)
             return
-        _print_trials([trial_row(t) for t in result.trials], first.metric,
+        _print_trials([trial_row(t, i) for i, t in enumerate(result.trials)], first.metric,
                       title=f"{result.workload}, batch size {result.batch_size}")
+        for flag in result.flags:
+            line(f"tuning flag {flag.kind}: {flag.message}")
+        if refine_search is not None:
+            line(f"refined search: {len(result.refined)} more trial(s) around the best trial of the first "
+                 f"{trials} (search round 1; the best trial below is over all {len(result.trials)})"
+                 if result.refined else "refined search: no tuning flag with a best trial, no more trials")
         if best is not None:
             params = ", ".join(f"{k}={_format(v)}" for k, v in best.parameters.items())
             line(f"best trial: {best.trial_id}, {best.steps_to_goal} steps (first met in "
@@ -320,8 +345,10 @@ def register(app: typer.Typer) -> None:
                  f"steps to result: batchlab analyze steps-to-result --store {store}")
         else:
             text = f"no trial reached {first.metric} {'>' if first.maximize else '<'} {first.goal:g}"
-            if best_final is not None:
-                text += f"; best final {first.metric} = {best_final.final_metric():.4g} (trial {best_final.trial_id})"
+            if final["best_final_trial"] is not None:
+                text += (f"; best final {first.metric} = {final['best_final_metric']:.4g} (trial "
+                         f"{final['best_final_trial']}, best of the {final['best_final_over']} trials that ran their "
+                         "whole budget)")
             line(text)
 
 
@@ -343,7 +370,8 @@ def _print_trials(rows: list[dict], metric: str, title: str) -> None:
     table_rows = []
     for row in rows:
         params = ", ".join(f"{k}={_format(v)}" for k, v in row["parameters"].items())
-        table_rows.append([str(row["trial_id"]), row["status"], _format(row["steps_to_goal"]),
+        label = f"{row['trial_id']} (search round 1)" if row.get("search_round") else str(row["trial_id"])
+        table_rows.append([label, row["status"], _format(row["steps_to_goal"]),
                            _format(row["final_metric"]), params])
     print_table(title, ["trial", ("status", "left"), "steps to goal", f"final {metric}", ("parameters", "left")],
                 table_rows)

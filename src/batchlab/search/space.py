@@ -22,10 +22,15 @@ Points come from ``scipy.stats.qmc.Halton(d, scramble=True, rng=numpy.random.def
 one dimension per parameter in the space's order, deterministic given the seed. ``sample(n, seed)``
 is the first ``n`` points of that sequence and ``point(index, seed)`` is point number ``index``
 (fast-forwarded), so a sweep can resume by index.
+
+Each study searches its own sequence (:data:`POINTS_RULE`): its seed is :func:`study_points_seed`
+of the sweep's (or ``batchlab study``'s) seed and the study's identity (workload, optimizer, batch
+size), as independent studies would be scrambled; budget rounds of one study re-use its points.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
 from collections.abc import Mapping, Sequence
@@ -37,6 +42,9 @@ from batchlab.errors import BatchlabError
 from batchlab.finite import finite_real
 
 TYPES = ("DOUBLE", "INTEGER", "DISCRETE")
+#: How a study's points are drawn, recorded in sweep ids and ``batchlab study`` definitions (so a store
+#: made when every study of a sweep searched the same points keeps those studies apart).
+POINTS_RULE = "halton-per-study"
 SCALES = ("LINEAR", "LOG", "REVERSE_LOG")
 _SCALE_SUFFIX = "_SCALE"
 
@@ -126,6 +134,58 @@ class Parameter:
         else:  # REVERSE_LOG: 1 - x is log-uniform between 1 - hi and 1 - lo.
             x = 1.0 - (1.0 - hi) * math.exp(u * math.log((1.0 - lo) / (1.0 - hi)))
         return min(max(x, lo), hi)
+
+    def unit(self, value: object) -> float:
+        """The unit coordinate of ``value``, the inverse of :meth:`value` (for INTEGER and DISCRETE the
+        middle of the value's cell), unclipped (a value outside the range gives a coordinate outside
+        [0, 1]); a DISCRETE value that is not a feasible point gives the nearest one's."""
+        if self.type == "DISCRETE":
+            points = list(self.feasible_points)
+            if value in points:
+                index = points.index(value)
+            else:
+                index = int(np.argmin([abs(float(p) - float(value)) if p is not None else np.inf for p in points]))
+            return (index + 0.5) / len(points)
+        lo, hi, x = float(self.min_value), float(self.max_value), float(value)
+        if self.type == "INTEGER":
+            hi, x = hi + 1.0, x + 0.5
+        if hi == lo:
+            return 0.5
+        if self.scale == "LINEAR":
+            return (x - lo) / (hi - lo)
+        if self.scale == "LOG":
+            return math.log(x / lo) / math.log(hi / lo)
+        return math.log((1.0 - x) / (1.0 - hi)) / math.log((1.0 - lo) / (1.0 - hi))
+
+    def _unclipped(self, u: float) -> float:
+        """A DOUBLE parameter's value at unit coordinate ``u``, also outside [0, 1] (the scale extended)."""
+        lo, hi = float(self.min_value), float(self.max_value)
+        if self.scale == "LINEAR":
+            return lo + u * (hi - lo)
+        if self.scale == "LOG":
+            return lo * math.exp(u * math.log(hi / lo))
+        return 1.0 - (1.0 - hi) * math.exp(u * math.log((1.0 - lo) / (1.0 - hi)))
+
+    def box(self, center: object, half_width: float, extend: bool = False) -> "Parameter":
+        """The sub-range of this parameter within ``half_width`` unit coordinates of ``center``, in its
+        own type and scale, clipped to the range; with ``extend`` (the centre at a search edge) a DOUBLE
+        range extends the scale past that edge instead (a LINEAR range not below 0 when it starts at
+        0 or above; REVERSE_LOG stays below 1 by construction)."""
+        c = self.unit(center)
+        a, b = c - half_width, c + half_width
+        if self.type == "DISCRETE":
+            n = len(self.feasible_points)
+            first, last = max(0, math.floor(a * n)), min(n - 1, math.floor(b * n))
+            return Parameter(self.name, "DISCRETE", feasible_points=self.feasible_points[first:last + 1])
+        if self.type == "INTEGER" or not extend:
+            a, b = max(0.0, a), min(1.0, b)
+        if self.type == "INTEGER":
+            low, high = int(self.value(a)), int(self.value(min(b, 1.0 - 1e-12)))
+            return Parameter(self.name, "INTEGER", self.scale, min(low, high), max(low, high))
+        low, high = self._unclipped(a), self._unclipped(b)
+        if self.scale == "LINEAR" and float(self.min_value) >= 0:
+            low = max(low, 0.0)
+        return Parameter(self.name, "DOUBLE", self.scale, min(low, high), max(low, high))
 
     def to_batch_science(self) -> dict:
         """This parameter's ``parameter_configs`` entry (scales written with the release's ``_SCALE``)."""
@@ -250,8 +310,34 @@ class SearchSpace:
             return {}
         return self._point_from_unit(self._unit_points(int(index), 1, seed)[0])
 
+    def box(self, center: Mapping[str, object], half_width: float = 0.25,
+            extend: Sequence[str] = ()) -> "SearchSpace":
+        """The space within ``half_width`` unit coordinates of the point ``center`` in every parameter
+        (:meth:`Parameter.box`; each in its own scale), extending past the range's edge for the
+        parameters named in ``extend`` (those where ``center`` sits at a search edge). A parameter
+        ``center`` does not name keeps its whole range."""
+        if not 0 < half_width <= 0.5:
+            raise BatchlabError(f"box half width must be in (0, 0.5] unit coordinates, got {half_width!r}")
+        return SearchSpace([p.box(center[p.name], half_width, p.name in extend) if p.name in center else p
+                            for p in self.parameters])
+
     def _point_from_unit(self, row: np.ndarray) -> dict:
         return {p.name: _plain(p.value(float(u))) for p, u in zip(self.parameters, row)}
+
+
+def study_points_seed(seed: int, workload: str, optimizer: str, batch_size: int, search_round: int = 0) -> int:
+    """The seed of one study's scrambled Halton sequence: the first 8 bytes (little endian, top bit
+    cleared) of the sha256 of ``seed``, the workload's ``dataset/model`` name, the optimizer and the
+    batch size. Stable across runs, resumes and narrowed sweeps (nothing else enters), distinct per
+    study, so every batch size searches its own points. ``search_round`` > 0 (a refined search of the
+    study, :mod:`batchlab.sweep.refine`) enters too, so each round draws its own sequence."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise BatchlabError(f"seed must be an integer >= 0, got {seed!r}")
+    size = int(batch_size) if isinstance(batch_size, numbers.Integral) else batch_size  # a bad one: refused later
+    text = f"batchlab-study-points|{int(seed)}|{workload}|{optimizer}|{size}"
+    if search_round:
+        text += f"|search_round={int(search_round)}"
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "little") & 0x7FFFFFFFFFFFFFFF
 
 
 def _plain(value: object) -> object:

@@ -34,6 +34,8 @@ config files", documents every key, with ``src/batchlab/sweep/examples/mnist_fc1
     grow_budget = false        # raise the budget of studies whose trials all ran out of steps
     # grow_factor = 2.0        # ... by this factor (decay and warmup steps stretch with the budget)
     # max_budget_growths = 2   # ... at most this many times
+    # refine_search = 4        # after the sweep's trials, up to 4 more trials around the best trial of
+    #                          # each study a tuning flag fires for (a recorded search round 1)
     # schedule = "constant"    # default search spaces: "constant" or "linear" (decay over [T/2, T])
     # resolution = 0.05        # evaluation steps within a factor 1 + resolution of each other
     executor = "local"         # or "dask" (with workers = K: a LocalCluster on 127.0.0.1)
@@ -107,6 +109,7 @@ class SweepConfig(BaseModel):
     grow_budget: StrictBool = False
     grow_factor: float = Field(default=2.0, gt=1.0, le=100.0)
     max_budget_growths: StrictInt = Field(default=2, ge=0, le=10)
+    refine_search: int | None = None
     executor: Literal["local", "dask"] = "local"
     workers: StrictInt | None = Field(default=None, ge=1, le=4096)
     scheduler: str | None = None
@@ -131,6 +134,19 @@ class SweepConfig(BaseModel):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"must be a finite number, got {value!r}")
         return value
+
+    @field_validator("refine_search", mode="before")
+    @classmethod
+    def _refine_budget(cls, value: Any) -> Any:
+        """A positive integer (extra trials per flagged study), or absent: no refined search."""
+        if value is None:
+            return value
+        from batchlab.sweep.refine import refine_budget
+
+        try:
+            return refine_budget(value)
+        except BatchlabError as exc:
+            raise ValueError(str(exc)) from None
 
     @field_validator("workloads", mode="before")
     @classmethod

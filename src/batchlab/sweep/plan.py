@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
+from batchlab.search.space import POINTS_RULE
 from batchlab.store.schema import store_workload_name
 from batchlab.sweep.config import MAX_TRIALS_PER_STUDY, SweepConfig, steps_from_rule
 from batchlab.sweep.keys import FIRST_TRIAL_ID, sweep_id, trial_key, trial_seed
@@ -56,7 +57,10 @@ class StudyPlan:
     trials run vectorized although the self-check found the vectorized path not bit-identical to
     sequential trials on the driver's machine (``vectorize = "always"``,
     :func:`batchlab.sweep.runner.prepare_sweep`; the definition gets :data:`INEXACT_VECTORIZED`, so
-    they are never one study with sequential trials).
+    they are never one study with sequential trials). ``search_round`` is 0, or ``r`` for the ``r``-th
+    refined search of the study (:mod:`batchlab.sweep.refine`: ``points`` drawn in a box around the
+    incumbent, ``search_space`` that box); the definition then gets ``search_round`` and ``refine`` (the
+    decision: incumbent, flags, the space refined, the earlier round's study id).
     """
 
     workload: str
@@ -86,6 +90,8 @@ class StudyPlan:
     race: bool = False
     data_order_seed: int | None = None
     inexact_vectorized: bool = False
+    search_round: int = 0
+    refine: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def store_workload(self) -> str:
@@ -96,7 +102,8 @@ class StudyPlan:
     def name(self) -> str:
         """A short label: ``dataset/model/optimizer b=64`` (plus the round when grown)."""
         grown = f" (budget round {self.budget_round})" if self.budget_round else ""
-        return f"{self.store_workload} b={self.batch_size}{grown}"
+        refined = f" (search round {self.search_round})" if self.search_round else ""
+        return f"{self.store_workload} b={self.batch_size}{grown}{refined}"
 
     @property
     def stretch(self) -> float:
@@ -123,7 +130,9 @@ class StudyPlan:
         from batchlab.train.trial import batch_order
 
         extra = {**({"race": race_definition()} if self.race else {}), **batch_order(self.data_order_seed),
-                 **(INEXACT_VECTORIZED if self.inexact_vectorized else {})}
+                 **(INEXACT_VECTORIZED if self.inexact_vectorized else {}),
+                 # a refined search round (batchlab.sweep.refine) only: every other study id stays as it was
+                 **({"search_round": self.search_round, "refine": self.refine} if self.search_round else {})}
         return make_study_definition(
             workload=self.store_workload, batch_size=self.batch_size, train_steps=self.steps,
             train_examples=self.train_examples, search_space=self.stretched_search_space, evaluation=evaluation,
@@ -150,7 +159,8 @@ class StudyPlan:
                               digest),
                 trial_id=self.first_trial_id + i,
                 point_index=i,
-                seed=trial_seed(self.seed, i),
+                # a search round's trials get seeds of their own (budget rounds re-use their points' seeds)
+                seed=trial_seed(self.seed, i + self.search_round * MAX_TRIALS_PER_STUDY),
                 hyperparameters=stretch_point(point, self.stretch),
             )
             for i, point in enumerate(self.points)
@@ -231,13 +241,17 @@ def sweep_settings(config: SweepConfig) -> dict[str, Any]:
     search spaces and schedule. Not included: workloads, optimizers and batch sizes (each study's
     definition names its own), the number of trials (a larger sweep re-uses the first points), growth
     settings (grown rounds have definitions of their own) and how the sweep runs. The goal is included:
-    trials stop at it (``stop_at_goal``) and resolve its bracket to the resolution."""
+    trials stop at it (``stop_at_goal``) and resolve its bracket to the resolution, and so is the rule
+    that draws each study's points (``points``: :data:`batchlab.search.POINTS_RULE`)."""
     return {
         "steps": config.steps, "budget_epochs": config.budget_epochs, "min_steps": config.min_steps,
         "max_steps": config.max_steps, "budgets": {str(b): s for b, s in sorted(config.budgets.items())},
         "train_examples": config.train_examples, "seed": config.seed, "stop_at_goal": config.stop_at_goal,
         "evaluations": config.evaluations, "resolution": config.resolution, "schedule": config.schedule,
         "search_spaces": config.search_spaces, "goal": config.goal,
+        # each study its own points (batchlab.search.POINTS_RULE): a store made when every study of a
+        # sweep searched the same points keeps those sweeps (and their study ids) apart
+        "points": POINTS_RULE,
         # only when used: every sweep id from before racing and shared batch orders stays as it was
         **({"race": True} if config.race else {}),
         **({"batch_order": config.batch_order} if config.batch_order != "trial" else {}),
@@ -257,13 +271,13 @@ def plan_studies(config: SweepConfig, device_type: str = "cpu") -> list[StudyPla
     The space of a study is the first of the config's ``search_spaces`` (``--search-space`` included),
     the workload's declared ``search_spaces`` and the optimizer's default
     (:func:`batchlab.search.study_search_space`). The points of a study are ``space.sample(trials,
-    seed=config.seed)``; they do not depend on the batch size (except the decay range of a ``schedule =
-    "linear"`` default space, which follows each study's budget), so every study of one (workload,
-    optimizer) searches the same unit points.
+    seed=study_points_seed(config.seed, workload name, optimizer, batch size))``: each study its own
+    scrambled Halton sequence (:func:`batchlab.search.study_points_seed`), the same whichever part of
+    the sweep runs and on every resume; its budget rounds re-use them.
     ``device_type``: the type ``config.device`` resolves to here (recorded in the study definitions
     when it is not ``cpu``).
     """
-    from batchlab.search import study_search_space
+    from batchlab.search import study_points_seed, study_search_space
     from batchlab.workloads import get_workload, workload_key
 
     sweep = sweep_id(sweep_settings(config))
@@ -286,7 +300,8 @@ def plan_studies(config: SweepConfig, device_type: str = "cpu") -> list[StudyPla
                         metric=workload.metric, goal=float(workload.goal if config.goal is None else config.goal),
                         maximize=bool(workload.maximize),
                         evaluations=config.evaluations,
-                        points=tuple(space.sample(config.trials, seed=config.seed)),
+                        points=tuple(space.sample(config.trials, seed=study_points_seed(
+                            config.seed, workload.name, optimizer, batch_size))),
                         base_steps=steps, sweep=sweep, budget_rule=rule, resolution=config.resolution,
                         evaluation=evaluation, device=config.device, device_type=device_type,
                         race=config.race, data_order_seed=config.seed if config.batch_order == "shared" else None,

@@ -96,6 +96,11 @@ class JsonReporter(Reporter):
                     "from_steps": old.steps, "to_steps": new.steps, "round": new.budget_round,
                     "schedule_stretch": new.stretch, "study_id": new.digest})
 
+    def search_refined(self, new) -> None:
+        self._line({"event": "search_refined", "workload": new.store_workload, "batch_size": new.batch_size,
+                    "search_round": new.search_round, "trials": new.trials, "flags": new.refine["flags"],
+                    "around": new.refine["around"], "study_id": new.digest})
+
     def finish(self, summary: SweepSummary) -> None:
         for workload, rows in summary.results.items():
             for row in rows:
@@ -112,7 +117,7 @@ class JsonReporter(Reporter):
             "wall_time_s": round(summary.wall_time_s, 3),
             "trials_run": summary.trials_run, "trials_skipped": summary.trials_skipped,
             "trials_by_others": summary.trials_by_others, "workers_lost": summary.workers_lost,
-            "budgets_grown": summary.grown,
+            "budgets_grown": summary.grown, "tuning_flags": summary.tuning_flags, "searches_refined": summary.refined,
             "executor": summary.executor, "workers": summary.workers,
         })
 
@@ -240,6 +245,14 @@ class RichReporter(Reporter):
         self._say(note)
         self._sync()
 
+    def search_refined(self, new) -> None:
+        note = (f"search refined: {new.store_workload} b={new.batch_size}: {', '.join(new.refine['flags'])}; "
+                f"{new.trials} more trial(s) around its best trial (search round {new.search_round}, analysed with "
+                "the study's other trials)")
+        self._notes.append(note)
+        self._say(note)
+        self._sync()
+
     def close(self) -> None:
         """Stop the progress display (at the end, or when the sweep is interrupted)."""
         if self._progress is not None:
@@ -264,6 +277,9 @@ class RichReporter(Reporter):
                 budget = "-" if fields["budget"] is None else str(fields["budget"])
                 if fields["budget_round"]:
                     budget += f" (round {fields['budget_round']})"
+                searched = [x for x in fields["budget_rounds"] if x.get("search_round") and x.get("analysed")]
+                if searched:  # the trials analysed include search rounds (--refine-search)
+                    budget += f" (+ search round {', '.join(str(x['search_round']) for x in searched)})"
                 upper = (fields.get("steps_interval") or [None, None])[1]
                 reached = f"{r.n_reached}/{r.n_trials}"
                 if r.n_raced:

@@ -52,7 +52,8 @@ from batchlab.errors import BatchlabError
 from batchlab.sweep.budget import ran_out_of_steps
 from batchlab.sweep.config import SweepConfig
 from batchlab.sweep.plan import StudyPlan, TrialTask, make_tasks, plan_studies
-from batchlab.sweep.summary import SweepSummary, analysis_goal, summarize
+from batchlab.sweep.summary import (SweepSummary, _restrict_to_sweep, analysis_goal, reported_rounds,
+                                    summarize)
 from batchlab.sweep.vectorize_plan import mark_inexact_vectorization, should_vectorize
 from batchlab.sweep.worker import TrialOutcome, measurement_triples, run_task
 
@@ -127,6 +128,7 @@ class Reporter:
     def study_added(self, progress: StudyProgress) -> None: ...
     def worker_lost(self, keys: list[str]) -> None: ...
     def budget_grown(self, old: StudyPlan, new: StudyPlan) -> None: ...
+    def search_refined(self, new: StudyPlan) -> None: ...
     def finish(self, summary: "SweepSummary") -> None: ...
     def close(self) -> None: ...
 
@@ -245,9 +247,15 @@ def _studies_with_growths(config: SweepConfig, studies: list[StudyPlan]) -> list
     return sorted(every, key=lambda s: s.budget_round)
 
 
-def _allocate_ids(path: str, studies: list[StudyPlan]) -> dict[tuple[str, int, int], int]:
-    """The first trial id of every study (all rounds), from the trials in the store at ``path`` (if any)."""
+def _allocate_ids(path: str, studies: list[StudyPlan],
+                  reserved: dict[tuple[str, int, int], int] | None = None) -> dict[tuple[str, int, int], int]:
+    """The first trial id of every study (all rounds), from the trials in the store at ``path`` (if any).
+
+    ``reserved``: id blocks already given out (:attr:`SweepPlan.first_ids`), which no study of
+    ``studies`` may take unless its trials are there (the search rounds of :mod:`batchlab.sweep.refine`,
+    planned after the sweep's other rounds)."""
     from batchlab.store import Store
+    from batchlab.store.studies import id_block
     from batchlab.sweep.keys import allocate_ids
 
     held: dict[tuple[str, int], dict[int, str]] = {}
@@ -263,6 +271,10 @@ def _allocate_ids(path: str, studies: list[StudyPlan]) -> dict[tuple[str, int, i
             place = (header.get("workload"), header.get("batch_size"))
             if place[0] in wanted_workloads and header.get("trial_id") is not None:
                 held.setdefault(place, {}).setdefault(int(header["trial_id"]), header.get("trial_key", ""))
+    for (workload, batch_size, _), first in (reserved or {}).items():
+        place = held.setdefault((workload, batch_size), {})
+        if not any(id_block(i) == id_block(first) for i in place):
+            place[first] = ""  # the block is taken (no trial key: a planned trial never matches it)
     wanted = [((s.store_workload, s.batch_size), s.name, [(t.point_index, t.key) for t in s.trial_plans()])
               for s in studies]
     firsts = allocate_ids(wanted, held)
@@ -270,12 +282,14 @@ def _allocate_ids(path: str, studies: list[StudyPlan]) -> dict[tuple[str, int, i
 
 
 def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
-              executor_factory: Callable[..., Any] | None = None) -> SweepSummary:
+              executor_factory: Callable[..., Any] | None = None, flags_fn: Callable | None = None) -> SweepSummary:
     """Run the planned sweep to the end (see the module docstring) and return its summary.
 
     ``executor_factory`` (default :func:`batchlab.sweep.executors.make_executor`) is called as
     ``executor_factory(run_task, workers=, dask=, scheduler=, device=)`` and returns an
-    :class:`~batchlab.sweep.executors.Executor`.
+    :class:`~batchlab.sweep.executors.Executor`. With ``config.refine_search`` the refined search
+    (:mod:`batchlab.sweep.refine`) runs once every other round has finished; ``flags_fn`` replaces its
+    tuning flags (default :func:`batchlab.analysis.tuning_flags.tuning_flags`).
 
     Tasks run through a :class:`batchlab.sweep.claims.ClaimingExecutor`: a trial runs only once this
     driver has claimed it, so concurrent drivers on the store share the trials.
@@ -315,12 +329,17 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
     executor = ClaimingExecutor(executor, claims, store.finished_trial_keys)
 
     progress: dict[tuple[str, int], StudyProgress] = {}
-    round_state: dict[tuple[str, int, int], dict] = {}  # per study round: pending keys, outcomes
+    round_state: dict[tuple[str, int, int, int], dict] = {}  # per study round: pending keys, outcomes
+    open_rounds: set[tuple[str, int, int, int]] = set()  # rounds with trials still to publish
+    refining = {"started": not config.refine_search, "flags": [], "rounds": []}
     counters = {"run": 0, "skipped": 0, "lost": 0, "others": 0}
     grown: list[dict] = []
 
     def study_id(study: StudyPlan) -> tuple[str, int]:
         return (study.store_workload, study.batch_size)
+
+    def round_key(study: StudyPlan) -> tuple[str, int, int, int]:
+        return (*study_id(study), study.budget_round, study.search_round)
 
     def count_finished(study: StudyPlan) -> None:
         """Count the trials of ``study`` finished (and diverged) before this run (once per round)."""
@@ -336,9 +355,10 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
         entry = progress[study_id(study)]
         trials = study.trial_plans()
         todo = [t for t in trials if t.key not in finished]
-        state = round_state[(*study_id(study), study.budget_round)] = {
+        state = round_state[round_key(study)] = {
             "study": study, "pending": {t.key for t in todo}, "keys": [t.key for t in trials]
         }
+        open_rounds.add(round_key(study))
         entry.vectorized = should_vectorize(config, study)
         group = config.vectorize_trials
         if entry.vectorized and not study.race:  # K shrinks when there would be fewer tasks than workers
@@ -362,7 +382,7 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
         read back from the store, as a resumed study does). One chunk at a time, each published before
         the next starts, so the same trials race the same keys as in one long task, and a sweep stopped
         mid-study keeps every trial it finished."""
-        state = round_state[(*study_id(study), study.budget_round)]
+        state = round_state[round_key(study)]
         todo = [t for t in state["race_todo"] if t.key not in finished]
         state["race_todo"] = todo
         if not todo:
@@ -382,16 +402,54 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
         outcome or several): submit the next chunk."""
         if not study.race:
             return
-        state = round_state[(*study_id(study), study.budget_round)]
+        state = round_state[round_key(study)]
         if all(t.key in finished for t in state.get("race_chunk", ())):
             for task in race_chunk(study):
                 executor.submit(task)
 
     def finish_round(study: StudyPlan) -> None:
-        """All trials of this round are published: apply the budget-growth rule."""
-        if not config.grow_budget or study.budget_round >= config.max_budget_growths:
+        """All trials of this round are published: apply the budget-growth rule (then, once every round
+        is done, the refined search)."""
+        open_rounds.discard(round_key(study))
+        grow(study)
+        if not open_rounds and initial is None:
+            refine()
+
+    def refine() -> None:
+        """Once, when every round has finished: plan and submit the search rounds the tuning flags ask
+        for (:mod:`batchlab.sweep.refine`), decided from the finished rounds only."""
+        if refining["started"]:
             return
-        state = round_state[(*study_id(study), study.budget_round)]
+        refining["started"] = True
+        from batchlab.sweep.refine import refine_studies
+
+        reported = reported_rounds([state["study"] for state in round_state.values()])
+        con = store.connect()
+        try:
+            _restrict_to_sweep(con, [t.key for s in reported for t in s.trial_plans()], [s.digest for s in reported])
+            added, refining["flags"] = refine_studies(con, reported, lambda s: analysis_goal(config, s),
+                                                      config.refine_search, flags_fn)
+        finally:
+            con.close()
+        if not added:
+            return
+        firsts = _allocate_ids(plan.store_path, added, plan.first_ids)
+        for new in added:
+            new = replace(new, first_trial_id=firsts[(new.store_workload, new.batch_size, new.budget_round)])
+            progress[study_id(new)].total += new.trials
+            refining["rounds"].append({"workload": new.store_workload, "batch_size": new.batch_size,
+                                       "search_round": new.search_round, "trials": new.trials,
+                                       "flags": new.refine["flags"], "around": new.refine["around"],
+                                       "study_id": new.digest})
+            count_finished(new)
+            reporter.search_refined(new)
+            submit_round(new)
+
+    def grow(study: StudyPlan) -> None:
+        """The budget-growth rule (round 0 and grown rounds; never a search round)."""
+        if not config.grow_budget or study.budget_round >= config.max_budget_growths or study.search_round:
+            return
+        state = round_state[round_key(study)]
         if ran_out_of_steps(_outcomes_by_key(store, study, state["keys"], analysis_goal(config, study)).values()):
             bigger = plan.grown(study)
             entry = progress[study_id(study)]
@@ -405,7 +463,7 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
     def published_by_others(study: StudyPlan, keys: list[str]) -> None:
         """Count trials of ``study`` that another driver ran and published during this run."""
         entry = progress[study_id(study)]
-        state = round_state[(*study_id(study), study.budget_round)]
+        state = round_state[round_key(study)]
         keys = [key for key in keys if key in state["pending"]]
         if not keys:
             return
@@ -436,6 +494,8 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
         for task in sorted(initial, key=lambda t: -t.estimated_cost):
             executor.submit(task)
         initial = None
+        if not open_rounds:  # everything was finished before this run
+            refine()
         for outcome in executor.outcomes():
             task: TrialTask = outcome.task
             if outcome.elsewhere:  # another driver ran and published these trials
@@ -461,7 +521,7 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
             _publish(store, task, outcome.result)
             study = task.study
             entry = progress[study_id(study)]
-            state = round_state[(*study_id(study), study.budget_round)]
+            state = round_state[round_key(study)]
             for result in outcome.result:
                 finished.add(result.key)
                 state["pending"].discard(result.key)
@@ -487,6 +547,7 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
     used = [state["study"] for state in round_state.values()]
     summary = summarize(store, plan, time.perf_counter() - started, counters, grown, executor.kind, executor.workers,
                         used)
+    summary.tuning_flags, summary.refined = refining["flags"], refining["rounds"]
     reporter.finish(summary)
     return summary
 

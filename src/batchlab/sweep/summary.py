@@ -13,7 +13,18 @@ from batchlab.sweep.plan import StudyPlan
 if TYPE_CHECKING:  # annotations only: the runner imports this module
     from batchlab.sweep.runner import SweepPlan
 
-__all__ = ["SUMMARY_BOOT", "SweepSummary", "analysis_goal", "summarize"]
+__all__ = ["SUMMARY_BOOT", "SweepSummary", "analysis_goal", "reported_rounds", "summarize"]
+
+
+def reported_rounds(studies: list[StudyPlan]) -> list[StudyPlan]:
+    """The round reported at each (workload, batch size): the last budget round run (the largest
+    budget; round 0 unless the budget grew), search round 0, in the order first seen."""
+    reported: dict[tuple[str, int], StudyPlan] = {}
+    for s in studies:
+        place = (s.store_workload, s.batch_size)
+        if s.search_round == 0 and (place not in reported or s.budget_round > reported[place].budget_round):
+            reported[place] = s
+    return list(reported.values())
 
 
 @dataclass
@@ -40,6 +51,11 @@ class SweepSummary:
     statuses: dict[str, dict[int, dict[str, int]]] = field(default_factory=dict)
     # trials of the sweep that other drivers ran and published while this one ran (sweep.claims)
     trials_by_others: int = 0
+    # --refine-search: the tuning flags of the reported rounds ({"workload", **TuningFlag.to_dict()}) and
+    # the search rounds added ({"workload", "batch_size", "search_round", "trials", "flags", "around",
+    # "study_id"}); both empty without it
+    tuning_flags: list[dict] = field(default_factory=list)
+    refined: list[dict] = field(default_factory=list)
 
 
 def analysis_goal(config: SweepConfig, study: StudyPlan) -> float:
@@ -53,8 +69,10 @@ def summarize(store, plan: SweepPlan, wall_time_s: float, counters: dict, grown:
 
     ``studies``: the study rounds the sweep ran (default: round 0 of every study). At each batch size
     the last round run (the largest budget; round 0 unless the budget grew) is reported: only its
-    planned trials enter the table (analysis.steps_to_result over a view of the store restricted to
-    their trial keys), so every row rests on one study definition, and trials of other sweeps,
+    planned trials, and those of its refined search rounds (``--refine-search``, the same budget: all
+    rounds of a study are its trials, pooled on purpose), enter the table (analysis.steps_to_result
+    over a view of the store restricted to their trial keys), so every row rests on one study
+    definition and its search rounds, and trials of other sweeps,
     ``batchlab train`` runs or imports at the same workload and batch size never enter. Statuses
     analysed: COMPLETE, STOPPED_AT_GOAL and RACED (docs/methods.md, "Racing in the analysis").
     """
@@ -62,22 +80,25 @@ def summarize(store, plan: SweepPlan, wall_time_s: float, counters: dict, grown:
     from batchlab.analysis.tables import DEFAULT_STATUSES as statuses  # COMPLETE, STOPPED_AT_GOAL, RACED
 
     studies = list(plan.studies) if studies is None else list(studies)
-    reported: dict[tuple[str, int], StudyPlan] = {}  # the last budget round run at each batch size
-    for s in studies:
-        place = (s.store_workload, s.batch_size)
-        if place not in reported or s.budget_round > reported[place].budget_round:
-            reported[place] = s
-    keys = [t.key for s in reported.values() for t in s.trial_plans()]
+    # the last budget round run at each batch size, with the search rounds that refine it
+    reported = {(s.store_workload, s.batch_size): s for s in reported_rounds(studies)}
+    analysed = [s for s in studies if reported[(s.store_workload, s.batch_size)] is s
+                or (s.search_round and s.refine.get("study") == reported[(s.store_workload, s.batch_size)].digest)]
+    keys = [t.key for s in analysed for t in s.trial_plans()]
+    refined = any(s.search_round for s in analysed)
     per_study: dict[str, dict[int, list[dict]]] = {}
-    for s in sorted(studies, key=lambda s: (s.batch_size, s.budget_round)):
+    for s in sorted(studies, key=lambda s: (s.batch_size, s.budget_round, s.search_round)):
         per_study.setdefault(s.store_workload, {}).setdefault(s.batch_size, []).append(
             {"budget_round": s.budget_round, "steps": s.steps, "study_id": s.digest, "trials": s.trials,
-             "reported": reported[(s.store_workload, s.batch_size)] is s})
+             "reported": reported[(s.store_workload, s.batch_size)] is s,
+             # a refined search round: its trials are analysed with the reported round's ("analysed")
+             **({"search_round": s.search_round, "analysed": s in analysed, "refine": s.refine}
+                if s.search_round else {})})
     results, fits, errors, goals = {}, {}, {}, {}
     con = store.connect()
     try:
         # This sweep's trials only: ``trials`` becomes a view of the planned keys.
-        _restrict_to_sweep(con, keys, [s.digest for s in reported.values()])
+        _restrict_to_sweep(con, keys, [s.digest for s in analysed])
         counts: dict[str, dict[int, dict[str, int]]] = {}
         for workload, batch_size, status, n in con.execute(
                 "SELECT workload, batch_size, status, count(*) FROM trials GROUP BY ALL ORDER BY ALL").fetchall():
@@ -90,12 +111,12 @@ def summarize(store, plan: SweepPlan, wall_time_s: float, counters: dict, grown:
             goal = analysis_goal(plan.config, study)
             goals[study.store_workload] = {"metric": study.metric, "goal": goal, "maximize": study.maximize}
             rows = steps_to_result(con, study.store_workload, study.metric, goal, maximize=study.maximize,
-                                   statuses=statuses)
+                                   statuses=statuses, mix_studies=refined)
             wanted = set(plan.config.batch_sizes)
             rows = [r for r in rows if r.batch_size in wanted]
             results[study.store_workload] = rows
             try:
-                fits[study.store_workload] = _fit_summary(con, study, goal, rows, statuses)
+                fits[study.store_workload] = _fit_summary(con, study, goal, rows, statuses, refined)
             except BatchlabError as exc:
                 fits[study.store_workload] = None
                 errors[study.store_workload] = str(exc)
@@ -132,15 +153,17 @@ def _restrict_to_sweep(con, keys: list[str], study_ids: list[str]) -> None:
                     "(SELECT DISTINCT workload, batch_size FROM trials) USING (workload, batch_size)")
 
 
-def _fit_summary(con, study: StudyPlan, goal: float, rows: list, statuses: tuple[str, ...]) -> dict:
+def _fit_summary(con, study: StudyPlan, goal: float, rows: list, statuses: tuple[str, ...],
+                 mix_studies: bool = False) -> dict:
     """The S(B) fit of the sweep's rows: the censored, bracket-weighted fit, data-read regimes and
-    intervals with their targets (analysis.bootstrap.critical_batch_size_with_intervals)."""
+    intervals with their targets (analysis.bootstrap.critical_batch_size_with_intervals);
+    ``mix_studies``: a batch size's trials span a study and its refined search rounds."""
     from batchlab.analysis.bootstrap import critical_batch_size_with_intervals
     from batchlab.analysis.selection import Selection
 
     censored = [r.batch_size for r in rows if r.steps is None and r.censored_at is not None]
     selection = Selection(workload=study.store_workload, metric=study.metric, goal=goal,
-                          maximize=study.maximize, statuses=statuses)
+                          maximize=study.maximize, statuses=statuses, mix_studies=mix_studies)
     out = critical_batch_size_with_intervals(con, selection, n_boot=SUMMARY_BOOT, seed=0).to_dict()
     out.setdefault("censored_batch_sizes", censored)
     return out

@@ -1,0 +1,138 @@
+"""--refine-search: more trials around the incumbent of each flagged study, as a recorded search round."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from batchlab.errors import BatchlabError
+from batchlab.search import SearchSpace
+from batchlab.sweep.executors import InlineExecutor
+from batchlab.sweep.runner import Reporter, SweepInterrupted, prepare_sweep, run_sweep
+from sweep_helpers import run_sweep_cli, store_contents, tiny_config
+
+W = "mnist/fc_64_64_64/momentum"
+
+
+def inline(fn, **kw):
+    return InlineExecutor(fn)
+
+
+def refine_config(budget=2):
+    """The tiny sweep (momentum at B = 8 and 64, 3 trials each, no stop at the goal) with 30 steps and
+    the loose goal val/classification_error < 0.8: at B = 8 one of the 3 trials reaches it (the
+    one_reaching_trial flag fires), at B = 64 none does (no flag, no incumbent)."""
+    return tiny_config().model_copy(update={"goal": 0.8, "steps": 30, "refine_search": budget})
+
+
+def definitions(path) -> dict[str, dict]:
+    from batchlab.store import Store
+
+    con = Store.open(path).connect()
+    try:
+        return {sid: json.loads(d) for sid, d in con.execute("select study_id, definition from studies").fetchall()}
+    finally:
+        con.close()
+
+
+@pytest.fixture(scope="module")
+def refined(tmp_path_factory):
+    path = tmp_path_factory.mktemp("refine") / "store"
+    summary = run_sweep(prepare_sweep(refine_config(), str(path)), executor_factory=inline)
+    return path, summary, store_contents(path)
+
+
+def test_a_flagged_study_gets_budget_more_trials_around_its_incumbent_as_search_round_1(refined):
+    from batchlab.sweep.config import MAX_TRIALS_PER_STUDY
+
+    path, summary, (trials, _) = refined
+    assert [f["kind"] for f in summary.tuning_flags] == ["one_reaching_trial"]
+    assert summary.tuning_flags[0]["batch_size"] == 8
+    (added,) = summary.refined
+    assert (added["batch_size"], added["search_round"], added["trials"]) == (8, 1, 2)
+    assert added["flags"] == ["one_reaching_trial"]
+    by_place = {}
+    for t in trials:
+        by_place.setdefault(t[1], []).append(t)
+    assert len(by_place[64]) == 3  # not flagged: no more trials
+    assert sorted(t[2] for t in by_place[8]) == [1, 2, 3, MAX_TRIALS_PER_STUDY + 1, MAX_TRIALS_PER_STUDY + 2]
+    refine = [d for d in definitions(path).values() if d.get("search_round")]
+    assert len(refine) == 1 and refine[0]["batch_size"] == 8 and refine[0]["refine"]["flags"] == ["one_reaching_trial"]
+    round0 = {sid: d for sid, d in definitions(path).items() if not d.get("search_round") and d["batch_size"] == 8}
+    assert list(round0) == [refine[0]["refine"]["study"]]  # it names the round it refines
+    # the incumbent is round 0's best trial; the new points lie in the box a quarter range around it
+    incumbent = refine[0]["refine"]["around"]
+    first = [t for t in by_place[8] if t[2] <= 3]
+    assert incumbent in [json.loads(t[7]) for t in first]
+    space = SearchSpace.from_batch_science(refine[0]["refine"]["space"])
+    for t in by_place[8]:
+        if t[2] > MAX_TRIALS_PER_STUDY:
+            point = json.loads(t[7])
+            for p in space.parameters:
+                assert abs(p.unit(point[p.name]) - p.unit(incumbent[p.name])) <= 0.25 + 1e-9
+    # the table analyses all rounds of the study: 5 trials at B = 8, and says which rounds it used
+    rows = {r.batch_size: r for r in summary.results[W]}
+    assert rows[8].n_trials == 5 and rows[64].n_trials == 3
+    rounds = summary.studies[W][8]
+    assert [(r["budget_round"], r.get("search_round", 0), r["trials"]) for r in rounds] == [(0, 0, 3), (0, 1, 2)]
+    assert rounds[1]["analysed"] and rounds[0]["reported"]
+
+
+class KillAfterFirstRefinedTrial(Reporter):
+    def trial(self, progress, outcome, totals):
+        if totals["study"].search_round:
+            raise KeyboardInterrupt
+
+
+def test_a_sweep_killed_in_its_search_round_resumes_to_the_same_trials(refined, tmp_path):
+    _, _, contents = refined
+    path = str(tmp_path / "store")
+    with pytest.raises(SweepInterrupted):
+        run_sweep(prepare_sweep(refine_config(), path), KillAfterFirstRefinedTrial(), executor_factory=inline)
+    assert len(store_contents(path)[0]) == 7  # round 0 and the first trial of the search round
+    summary = run_sweep(prepare_sweep(refine_config(), path), executor_factory=inline)
+    assert (summary.trials_skipped, summary.trials_run) == (7, 1)
+    assert store_contents(path) == contents  # the same trials, points, ids and measurements
+    again = run_sweep(prepare_sweep(refine_config(), path), executor_factory=inline)
+    assert (again.trials_skipped, again.trials_run) == (8, 0)
+
+
+def test_minimal_flags_pick_the_refined_studies(tmp_path):
+    """Through ``flags_fn``: a flag at a batch size without a best trial refines nothing, a search-edge
+    flag extends its parameter past the range's edge."""
+    from batchlab.analysis.tuning_flags import TuningFlag
+
+    def flags(studies):
+        return [TuningFlag("search_edge", 8, "edge", parameters=("learning_rate",)),
+                TuningFlag("better_than_perfect_scaling", 64, "b64")]
+
+    summary = run_sweep(prepare_sweep(refine_config(budget=1), str(tmp_path / "s")), executor_factory=inline,
+                        flags_fn=flags)
+    (added,) = summary.refined
+    assert added["batch_size"] == 8 and added["flags"] == ["search_edge"] and added["trials"] == 1
+    (refine,) = [d for d in definitions(tmp_path / "s").values() if d.get("search_round")]
+    assert refine["refine"]["extended"] == ["learning_rate"]
+
+
+@pytest.mark.parametrize("value", [0, -1, "0", "1.5", "two", True, 2.0])
+def test_a_budget_that_is_not_a_positive_integer_is_refused(value):
+    from batchlab.sweep.config import parse_sweep_config
+    from batchlab.sweep.refine import refine_budget
+
+    with pytest.raises(BatchlabError, match="positive integer"):
+        refine_budget(value)
+    data = {"workloads": ["mnist/fc_64_64_64"], "optimizers": ["sgd"], "batch_sizes": [8], "trials": 1,
+            "refine_search": value}
+    with pytest.raises(BatchlabError, match="refine_search.*positive integer") as error:
+        parse_sweep_config(data)
+    assert "\n" not in str(error.value)
+    assert refine_budget("3") == refine_budget(3) == 3
+
+
+def test_refine_search_zero_on_the_command_line_is_one_line_and_exit_2(tmp_path):
+    result, _ = run_sweep_cli("mnist/fc_64_64_64", "--batch-sizes", "8", "--trials", "1", "--store",
+                              str(tmp_path / "s"), "--refine-search", "0")
+    assert result.returncode == 2 and not (tmp_path / "s").exists()
+    assert result.stderr.strip().count("\n") == 0
+    assert "--refine-search BUDGET must be a positive integer" in result.stderr
