@@ -5,7 +5,11 @@
 # batch size against each store (batchlab predict, and B_simple across one reference run with
 # batchlab probe noise-scale) into experiments/predictions/<store>/, and write each store's report
 # (with the NQM prediction and those predictions) and its CSV into experiments/reports/<store>/.
-#   OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE bash experiments/run_all.sh [sweeps|predictions|reports]
+# Then refit every committed report with the current statistics (`refits`: its steps table, made from
+# its CSV by experiments/steps_tables.py, fitted by `batchlab analyze critical-batch-size --steps-table`
+# into experiments/reports/<store>/refit.{txt,jsonl}; no store needed) and score every predictor on its
+# own against those refits (`scores`: experiments/predictions/scores.{txt,json}).
+#   OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE bash experiments/run_all.sh [sweeps|predictions|reports|refits|scores]
 # A prediction file that exists is kept (delete it to measure again).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -73,4 +77,30 @@ if [[ "$WHAT" == all || "$WHAT" == reports ]]; then
     echo "== report $RUNS/$store -> experiments/reports/$store/report.html"
     $BATCHLAB report --store "$RUNS/$store" --out "experiments/reports/$store/report.html" --nqm "${predictions[@]}"
   done
+fi
+if [[ "$WHAT" == all || "$WHAT" == refits ]]; then
+  .venv/bin/python experiments/steps_tables.py
+  for pair in "${EXPERIMENTS[@]}"; do
+    read -r config store <<<"$pair"
+    table="experiments/reports/$store/steps.csv"
+    [[ -s "$table" ]] || continue
+    echo "== refit $table -> experiments/reports/$store/refit.txt, refit.jsonl"
+    COLUMNS=400 $BATCHLAB analyze critical-batch-size --steps-table "$table" --group-by unit >"experiments/reports/$store/refit.txt.tmp"
+    $BATCHLAB analyze critical-batch-size --steps-table "$table" --group-by unit --json >"experiments/reports/$store/refit.jsonl.tmp"
+    mv "experiments/reports/$store/refit.txt.tmp" "experiments/reports/$store/refit.txt"
+    mv "experiments/reports/$store/refit.jsonl.tmp" "experiments/reports/$store/refit.jsonl"
+  done
+fi
+if [[ "$WHAT" == all || "$WHAT" == scores ]]; then
+  measured=()
+  for file in experiments/reports/*/refit.jsonl; do
+    [[ -e "$file" ]] && measured+=(--measured "$file")
+  done
+  echo "== scores of experiments/predictions/*/predict_*.jsonl against the refits -> experiments/predictions/scores.txt, scores.json"
+  COLUMNS=200 $BATCHLAB predict --score experiments/predictions/*/predict_*.jsonl "${measured[@]}" \
+    --workload-ref experiments/workloads.py:mnist_simple_cnn_tiny >experiments/predictions/scores.txt.tmp
+  $BATCHLAB predict --score experiments/predictions/*/predict_*.jsonl "${measured[@]}" \
+    --workload-ref experiments/workloads.py:mnist_simple_cnn_tiny --json >experiments/predictions/scores.json.tmp
+  mv experiments/predictions/scores.txt.tmp experiments/predictions/scores.txt
+  mv experiments/predictions/scores.json.tmp experiments/predictions/scores.json
 fi

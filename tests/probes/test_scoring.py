@@ -12,6 +12,7 @@ from batchlab.probes.scoring import (
     Estimate,
     MeasuredUnit,
     classify,
+    read_measured,
     read_measured_csv,
     score_estimates,
     score_files,
@@ -191,3 +192,34 @@ def test_score_files_reads_both_and_refuses_scoring_without_measured_values(tmp_
     assert board.predictors[0].ratios == pytest.approx([1.28]) and board.baselines[1].ratios == pytest.approx([0.32])
     with pytest.raises(BatchlabError, match="needs --measured"):
         score_files([predictions], [])
+
+
+def test_measured_values_from_a_steps_table_refit_and_by_extension(tmp_path, capsys):
+    """The --json lines of `batchlab analyze critical-batch-size --steps-table FILE --group-by unit` are
+    measured values too: made here by that command from a table with a known hyperbola."""
+    import csv as csv_module
+
+    from tests.cli.cli_runner import run
+
+    table = tmp_path / "steps.csv"
+    with table.open("w", newline="") as handle:
+        writer = csv_module.writer(handle)
+        writer.writerow(["unit", "batch_size", "steps"])
+        for b in (8, 16, 32, 64, 128, 256, 512):
+            writer.writerow([UNIT_A, b, int(round(100 * (1 + 64 / b) * (1.03 if b % 3 else 0.97)))])
+    code, out, err = run(capsys, "analyze", "critical-batch-size", "--steps-table", table, "--group-by", "unit", "--json")
+    assert code == 0, err
+    refit = tmp_path / "refit.jsonl"
+    refit.write_text(out)
+    units = read_measured([refit])
+    entry = json.loads(refit.read_text().splitlines()[0])
+    interval = entry["intervals"]["mccandlish_b_crit"]
+    assert units[UNIT_A] == MeasuredUnit(UNIT_A, entry["mccandlish_b_crit"], interval["low"], interval["high"],
+                                         (8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0), str(refit))
+    assert units[UNIT_A].value == pytest.approx(64, rel=0.25)
+    for name, text, message in (("x.txt", "", "unknown kind '.txt'"), ("bad.jsonl", "{", "line 1 is not JSON"),
+                                ("keys.jsonl", '{"group": "a"}', "needs the keys group and mccandlish_b_crit")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(BatchlabError, match=message):
+            read_measured([tmp_path / name])
+

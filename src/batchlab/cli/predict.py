@@ -71,8 +71,10 @@ def predict(
                         "--json) against --measured, each predictor on its own beside two naive baselines "
                         "(docs/methods.md, \"Scoring predictors\").")] = False,
     measured: Annotated[Optional[list[str]], typer.Option(
-        "--measured", metavar="CSV", help="With --score: a report.csv of batchlab report giving each unit's measured "
-                                          "mccandlish_b_crit and interval (repeatable).")] = None,
+        "--measured", metavar="FILE", help="With --score: each unit's measured mccandlish_b_crit and interval, from a "
+                                           "report.csv of batchlab report or a .jsonl of batchlab analyze "
+                                           "critical-batch-size --steps-table FILE --group-by unit --json "
+                                           "(repeatable).")] = None,
     workload_ref: Annotated[Optional[list[str]], typer.Option(
         "--workload-ref", metavar="REF", help="With --score: a workload reference (FILE.py:FUNCTION) for records of a "
                                               "workload the registry lacks whose settings do not record the protocol "

@@ -47,7 +47,7 @@ import numpy as np
 from batchlab.errors import BatchlabError
 
 __all__ = ["BASELINES", "CONSISTENT_WIDENING", "WITHIN", "Estimate", "MeasuredUnit", "PredictorScore", "Scoreboard",
-           "UnitScore", "classify", "read_measured_csv", "score_estimates", "score_records", "store_workload_of"]
+           "UnitScore", "classify", "read_measured", "read_measured_csv", "read_measured_refit", "score_estimates", "score_records", "store_workload_of"]
 
 #: A hit: predicted / measured in [1 / WITHIN, WITHIN].
 WITHIN = 2.0
@@ -121,6 +121,70 @@ def _csv_number(text: str, where: str, name: str) -> float | None:
         return _finite(float(text))
     except ValueError:
         raise BatchlabError(f"{where}: {name} must be a number or empty, got {text!r}") from None
+
+
+def read_measured(paths: Iterable) -> dict[str, MeasuredUnit]:
+    """The measured units of ``--measured`` files, by unit name: a report CSV (``.csv``,
+    :func:`read_measured_csv`) or the JSON lines of ``batchlab analyze critical-batch-size --steps-table
+    FILE --group-by unit --json`` (``.jsonl``, :func:`read_measured_refit`), each by its extension.
+
+    Raises:
+        BatchlabError: another extension, or what the reader of that kind raises; one unit given two
+            different values by two files.
+    """
+    out: dict[str, MeasuredUnit] = {}
+    for path in paths:
+        suffix = Path(path).suffix.lower()
+        if suffix not in (".csv", ".jsonl"):
+            raise BatchlabError(f"--measured {str(path)!r}: unknown kind {suffix or '(none)'!r}; allowed: .csv (a report.csv "
+                                "of batchlab report), .jsonl (batchlab analyze critical-batch-size --steps-table --json)")
+        found = read_measured_csv([path]) if suffix == ".csv" else read_measured_refit([path])
+        for unit, m in found.items():
+            old = out.get(unit)
+            if old is not None and (old.value, old.low, old.high) != (m.value, m.low, m.high):
+                raise BatchlabError(f"unit {unit!r} has two measured values: {old.value} in {old.source!r} and "
+                                    f"{m.value} in {m.source!r}")
+            out[unit] = m
+    return out
+
+
+def read_measured_refit(paths: Iterable) -> dict[str, MeasuredUnit]:
+    """The measured units of ``batchlab analyze critical-batch-size --steps-table FILE --group-by unit
+    --json`` output (one JSON object per group), by group name: ``mccandlish_b_crit`` and its interval
+    (``intervals.mccandlish_b_crit``: ``low``/``high``, ``None``: unbounded), and the table's batch sizes
+    (``regimes`` rows). A group whose fit failed (``error``) has no value.
+
+    Raises:
+        BatchlabError (one line naming the file and line): a missing file, a line that is not a JSON
+            object with ``group`` and ``mccandlish_b_crit``.
+    """
+    import json
+
+    out: dict[str, MeasuredUnit] = {}
+    for path in paths:
+        path = Path(path).expanduser()
+        if not path.is_file():
+            raise BatchlabError(f"--measured {str(path)!r} does not exist or is not a file")
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            where = f"--measured {str(path)!r} line {number}"
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                raise BatchlabError(f"{where} is not JSON (the --json lines of batchlab analyze critical-batch-size "
+                                    "--steps-table)") from None
+            if not isinstance(entry, dict) or "group" not in entry or "mccandlish_b_crit" not in entry:
+                raise BatchlabError(f"{where}: needs the keys group and mccandlish_b_crit (the --json lines of "
+                                    "batchlab analyze critical-batch-size --steps-table FILE --group-by unit)")
+            interval = (entry.get("intervals") or {}).get("mccandlish_b_crit") or {}
+            number_of = lambda v: _finite(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None  # noqa: E731
+            sizes = tuple(sorted(float(r["batch_size"]) for r in entry.get("regimes") or [] if "batch_size" in r))
+            unit = str(entry["group"])
+            out[unit] = MeasuredUnit(unit, number_of(entry["mccandlish_b_crit"]), number_of(interval.get("low")),
+                                     number_of(interval.get("high")), sizes, str(path))
+    return out
 
 
 def read_measured_csv(paths: Iterable) -> dict[str, MeasuredUnit]:
@@ -447,7 +511,7 @@ def score_files(paths: Sequence, measured_paths: Sequence, *, workload_refs: Seq
         raise BatchlabError("--score needs --measured CSV (a report.csv of batchlab report): the measured values "
                             "stored in prediction files may be stale and are never scored")
     records = read_predictions(paths)
-    measured = read_measured_csv(measured_paths)
+    measured = read_measured(measured_paths)
     return score_records(records, measured, workload_refs=resolve_workload_refs(workload_refs), level=level)
 
 
