@@ -136,3 +136,26 @@ def test_refine_search_zero_on_the_command_line_is_one_line_and_exit_2(tmp_path)
     assert result.returncode == 2 and not (tmp_path / "s").exists()
     assert result.stderr.strip().count("\n") == 0
     assert "--refine-search BUDGET must be a positive integer" in result.stderr
+
+
+def test_the_analysis_reads_a_search_round_with_the_study_it_refines(refined):
+    """One unit per sweep: at B = 8 the round-0 study and its search round are one study searched
+    further (no --mix-studies needed), so steps to result rests on all 5 trials there."""
+    from batchlab.analysis.steps_to_result import steps_to_result_many
+    from batchlab.analysis.units import find_units, unit_selection
+    from batchlab.store import Store
+
+    path, summary, _ = refined
+    con = Store.open(path).connect()
+    try:
+        (unit,) = [u for u in find_units(con) if u.workload == W]
+        round1 = [sid for sid, d in unit.definitions.items() if d.get("search_round")]
+        assert len(unit.study_ids) == 3 and len(round1) == 1 and not unit.skipped_studies
+        assert unit.batch_study[8] == unit.definitions[round1[0]]["refine"]["study"]  # B = 8 is the round-0 study
+        (results,) = steps_to_result_many(con, [unit_selection(con, unit, metric="val/classification_error",
+                                                               goal=0.8)])
+    finally:
+        con.close()
+    rows = {r.batch_size: r for r in results}
+    assert rows[8].n_trials == 5 and rows[64].n_trials == 3
+    assert rows[8].steps == {r.batch_size: r for r in summary.results[W]}[8].steps

@@ -203,6 +203,20 @@ def check_selection(con: duckdb.DuckDBPyConnection, selection: Selection) -> Non
 # --- studies -------------------------------------------------------------------------------------
 
 
+def is_search_round(definition: dict) -> bool:
+    """Whether a study definition is a search round added by ``--refine-search`` (``search_round`` > 0)."""
+    try:
+        return int(definition.get("search_round") or 0) > 0
+    except (TypeError, ValueError):
+        return False
+
+
+def refined_study_id(definition: dict) -> str | None:
+    """The id of the study a search round refines (its ``refine.study``), or ``None``."""
+    refine = definition.get("refine")
+    return str(refine["study"]) if isinstance(refine, dict) and refine.get("study") else None
+
+
 def study_definitions(con: duckdb.DuckDBPyConnection, workload: str) -> dict[str, dict]:
     """``{study_id: definition}`` of every study of ``workload`` in the ``studies`` view.
 

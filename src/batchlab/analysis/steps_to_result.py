@@ -70,7 +70,9 @@ from batchlab.analysis.curve import StepsCurve
 from batchlab.analysis.selection import (
     Selection,
     check_selection,
+    is_search_round,
     mixed_studies_error,
+    refined_study_id,
     resolve_studies,
     stop_rule_error,
     stop_rule_problem,
@@ -320,7 +322,8 @@ def check_study_rules(con: duckdb.DuckDBPyConnection, selection: Selection, per_
         for batch_size, ids, _, _, _ in per_batch:
             if len(ids) > 1:
                 definitions = study_definitions(con, selection.workload)
-                raise mixed_studies_error(selection, batch_size, ids, definitions)
+                if not _one_study_with_its_search_rounds(ids, definitions):
+                    raise mixed_studies_error(selection, batch_size, ids, definitions)
     for batch_size, _, stopped, _, _ in per_batch:
         for study_id in stopped:
             if definitions is None:
@@ -330,6 +333,14 @@ def check_study_rules(con: duckdb.DuckDBPyConnection, selection: Selection, per_
             if problem is not None:
                 raise stop_rule_error(selection, batch_size, study_id, problem, stop_rule)
 
+
+
+def _one_study_with_its_search_rounds(ids, definitions: dict[str, dict]) -> bool:
+    """Whether ``ids`` are one study and search rounds of it (``--refine-search``: the same study,
+    searched further; docs/methods.md, "Refined search"), which is one study, not a mix."""
+    base = [i for i in ids if not is_search_round(definitions.get(str(i), {}))]
+    return len(base) == 1 and all(refined_study_id(definitions.get(str(i), {})) == str(base[0])
+                                  for i in ids if i != base[0])
 
 
 def trial_first_steps(con: duckdb.DuckDBPyConnection, selection: Selection) -> "pandas.DataFrame":  # noqa: F821

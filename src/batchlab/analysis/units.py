@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import duckdb
 
-from batchlab.analysis.selection import Selection
+from batchlab.analysis.selection import Selection, is_search_round, refined_study_id
 from batchlab.analysis.tables import view_columns
 from batchlab.errors import BatchlabError
 
@@ -131,16 +131,29 @@ def find_units(con: duckdb.DuckDBPyConnection) -> list[Unit]:
                         ": at each batch size the study of the last budget round, every stored trial of it",
                         ())
             last: dict[int, str] = {}
+            rounds = [sid for sid in sids if is_search_round(studies[sid][1])]
             for sid in sids:
                 b, d = studies[sid]
+                if sid in rounds:
+                    continue
                 if b not in last or int(d.get("budget_round") or 0) > int(studies[last[b]][1].get("budget_round") or 0):
                     last[b] = sid
             for sid in sids:
                 b, d = studies[sid]
-                if last[b] != sid:
+                if sid not in rounds and last[b] != sid:
                     unit.skipped_studies[sid] = (f"B={b}: budget round {d.get('budget_round') or 0} "
                                                  f"(a later round, {studies[last[b]][1].get('budget_round')}, is analysed)")
-            _fill(unit, {sid: studies[sid] for sid in last.values()})
+            # a search round (--refine-search) is analysed with the study it refines: the same study, searched further
+            refining = []
+            for sid in rounds:
+                b, d = studies[sid]
+                if last.get(b) is not None and refined_study_id(d) == last[b]:
+                    refining.append(sid)
+                else:
+                    unit.skipped_studies[sid] = (f"B={b}: search round {d.get('search_round')} of a study that is not "
+                                                 "analysed here")
+            _fill(unit, {sid: studies[sid] for sid in [*last.values(), *refining]})
+            unit.batch_study = dict(sorted((b, sid) for b, sid in last.items()))
             units.append(unit)
         for key, sids in sorted(others.items()):
             per_batch: dict[int, list[str]] = {}
