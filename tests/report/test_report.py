@@ -43,7 +43,8 @@ def test_summary_lines_name_each_unit_and_the_ratio(built):
     assert lines[0] == "mnist/fc_64_64_64 adam: no goal reached (val/classification_error < 0.03 at none of 3 batch sizes)"
     assert re.match(r"mnist/fc_64_64_64 momentum: B_crit \S+ \[\S+, \S+\] \(90%, fit of 3 batch sizes", lines[1])
     assert re.match(r"mnist/fc_64_64_64 sgd: B_crit \S+ \[\S+, \S+\] \(90%, fit of 3 batch sizes", lines[2])
-    assert re.match(r"mnist/fc_64_64_64: momentum/sgd B_crit ratio \S+$", lines[3])
+    assert re.match(r"mnist/fc_64_64_64: momentum/sgd B_crit ratio \S+ \(difference (held|suggestive|not shown) "
+                    r"by the intervals\)$", lines[3])
     assert len(lines) == 4
 
 
@@ -252,3 +253,18 @@ def test_a_poor_fit_line_names_what_is_wrong(tmp_path):
     assert unit["b_crit"]["poor_fit"] and "B = " in misfit and "64" in misfit
     (line,) = summary["lines"]
     assert f"; poor fit: {misfit}" in line and "not a hyperbola" not in line
+
+
+@pytest.mark.parametrize("a, b, verdict", [
+    ({"value": 100, "low": 80, "high": 120}, {"value": 300, "low": 200, "high": 400}, "held"),
+    ({"value": 100, "low": 60, "high": 180}, {"value": 250, "low": 150, "high": 400}, "suggestive"),
+    ({"value": 100, "low": 60, "high": 260}, {"value": 250, "low": 150, "high": 400}, "not shown"),
+    ({"value": 100, "low": 80, "high": None}, {"value": 300, "low": 200, "high": None}, "not shown"),
+    ({"value": 100, "low": None, "high": 120}, {"value": 300, "low": 200, "high": None}, "held"),
+    ({"value": None, "low": None, "high": None}, {"value": 300, "low": 200, "high": 400}, "not shown"),
+])
+def test_a_difference_is_held_only_when_the_intervals_say_so(a, b, verdict):
+    from batchlab.report.content import difference_verdict
+
+    assert difference_verdict(a, b) == verdict == difference_verdict(b, a)
+

@@ -239,7 +239,8 @@ def build_report(store: str | Path, out: str | Path, *, nqm: bool = False, steps
                     f"{max(0.0, 1 - 2 * (1 - level)):.0%} (Bonferroni)")
             rows.append(content.Row(f"{comp.base} [{comp.group}]", "comparison", None,
                                     f"b_crit_ratio {ratio['name']}", ratio["ratio"], ratio["low"], ratio["high"],
-                                    span + ("; extrapolated" if ratio["extrapolated"] else "")))
+                                    span + f"; difference {ratio['difference']} by the intervals"
+                                    + ("; extrapolated" if ratio["extrapolated"] else "")))
             if ratio.get("nqm") is not None:
                 rows.append(content.Row(f"{comp.base} [{comp.group}]", "comparison", None,
                                         f"nqm_b_crit_ratio {ratio['name']}", ratio["nqm"], None, None,

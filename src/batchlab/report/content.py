@@ -560,6 +560,29 @@ def _best_measurement(con, out: UnitResult, selection) -> None:
 # --- comparisons, NQM, steps tables ----------------------------------------------------------------
 
 
+HELD, SUGGESTIVE, NOT_SHOWN = "held", "suggestive", "not shown"
+
+
+def difference_verdict(a: dict, b: dict) -> str:
+    """Whether two critical batch sizes differ, read from their intervals (docs/methods.md, "The report",
+    **Optimizers compared**): ``held`` when the two intervals are disjoint, ``suggestive`` when they
+    overlap but neither point estimate lies inside the other's interval, ``not shown`` otherwise (or when
+    either has no point estimate). ``a`` and ``b``: ``{"value", "low", "high"}`` (``None`` ends are
+    unbounded)."""
+    def ends(d):
+        low, high = d.get("low"), d.get("high")
+        return (0.0 if low is None else float(low)), (math.inf if high is None else float(high))
+
+    if a.get("value") is None or b.get("value") is None:
+        return NOT_SHOWN
+    (a_low, a_high), (b_low, b_high) = ends(a), ends(b)
+    if a_high < b_low or b_high < a_low:
+        return HELD
+    if not (b_low <= a["value"] <= b_high) and not (a_low <= b["value"] <= a_high):
+        return SUGGESTIVE
+    return NOT_SHOWN
+
+
 @dataclass
 class Comparison:
     """The optimizers of one base workload and study group."""
@@ -576,7 +599,7 @@ class Comparison:
         """``base: a/b B_crit ratio R[, ...]`` (``base [group]`` with ``with_group``); None without ratios."""
         parts = []
         for r in self.ratios:
-            text = f"{r['name']} B_crit ratio {num(r['ratio'], 2)}"
+            text = f"{r['name']} B_crit ratio {num(r['ratio'], 2)} (difference {r['difference']} by the intervals)"
             if r.get("nqm") is not None:
                 # the NQM's B_crit is in its own problem's units: only its ordering is a prediction
                 def order(x):
@@ -586,6 +609,9 @@ class Comparison:
                 measured, predicted = order(r["ratio"]), order(r["nqm"])
                 verdict = "no measured ratio" if measured is None else (
                     "agrees" if measured == predicted else "disagrees")
+                if measured is not None and r["difference"] != HELD:  # the order itself is not established
+                    verdict = f"{verdict} in the point estimates only" if r["difference"] == SUGGESTIVE else (
+                        "not tested: the intervals do not separate them")
                 text += f" (NQM order {a} {predicted or '?'} {b}: {verdict})"
             if r["extrapolated"]:
                 text += " (extrapolated)"
@@ -620,7 +646,8 @@ def compare_units(results: list[UnitResult]) -> list[Comparison]:
             low = a["low"] / b["high"] if a["low"] is not None and b["high"] not in (None, 0) else None
             high = a["high"] / b["low"] if a["high"] is not None and b["low"] not in (None, 0) else None
             comp.ratios.append({"name": f"{m.unit.optimizer}/{baseline.unit.optimizer}", "ratio": ratio, "low": low,
-                                "high": high, "extrapolated": a["extrapolated"] or b["extrapolated"],
+                                "high": high, "difference": difference_verdict(a, b),
+                                "extrapolated": a["extrapolated"] or b["extrapolated"],
                                 "numerator": m, "denominator": baseline})
         figure = compare_workloads_figure([m.curve for m in members], fits=[m.fit for m in members],
                                           title=f"{base} [{group}]: steps to result, normalised at each curve's B0")

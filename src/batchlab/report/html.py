@@ -118,16 +118,21 @@ def page(report) -> str:
                 rows.append([ratio["name"], num(ratio["ratio"], 3),
                              f"[{num(ratio['low'], 3) if ratio['low'] is not None else '0'}, "
                              f"{num(ratio['high'], 3) if ratio['high'] is not None else 'inf'}]",
+                             ratio.get("difference", ""),
                              "yes" if ratio["extrapolated"] else "", (num(ratio.get("nqm"), 3) + (" (extrapolated)" if ratio.get("nqm_extrapolated") else ""))
                              if "nqm" in ratio else ""])
             parts.append(table_html(Table(
                 "Ratio of critical batch sizes (mccandlish_b_crit)",
-                ["optimizers", "B_crit ratio", "range from the two intervals", "extrapolated", "NQM ratio"], rows,
+                ["optimizers", "B_crit ratio", "range from the two intervals", "difference", "extrapolated", "NQM ratio"],
+                rows,
                 note="A ratio r > 1 means the first optimizer keeps gaining from larger batches up to a batch size r "
                      "times larger than the second (B_crit: where steps are twice their minimum). The range divides "
                      "the ends of the two intervals (low/high, high/low): it covers the true ratio at least when both "
                      f"intervals do, so with two {report.level:.0%} intervals at least {max(0.0, 1 - 2 * (1 - report.level)):.0%} "
-                     "of the time (Bonferroni), not a confidence interval at the stated level. With --nqm the NQM column "
+                     "of the time (Bonferroni), not a confidence interval at the stated level. Difference: held when the "
+                     "two B_crit intervals are disjoint, suggestive when they overlap but neither estimate lies in the "
+                     "other's interval, not shown otherwise; an NQM ordering is tested only where the difference is "
+                     "held. With --nqm the NQM column "
                      "gives the same ratio of the NQM predictions; they are in the NQM problem's own units, so only "
                      "whether it is above or below 1 (the ordering) is a prediction, not its size.")))
     if report.nqm is not None:
