@@ -3,7 +3,9 @@
 The raw stores of the experiments are not committed (runs/ is local), but every report's CSV holds,
 per unit and batch size, what a refit needs: the best trial's steps and resolution bracket, the
 censoring bound where no trial reached the goal, the trial counts, the second-best trial's steps
-(``steps_upper_bound``: the order statistic ``k = 2`` of the K trials, docs/methods.md, "Intervals")
+(``steps_upper_bound``: the order statistic ``k = 2`` of the K trials, docs/methods.md, "Intervals";
+``k = 2`` for every K >= 2 at the reports' 90% level, which every committed report uses: a report
+written at another ``--level`` may use another order, and its column is then not the second best)
 and the best trial's tuned metaparameters. This script writes them as steps tables
 (docs/methods.md, "Steps tables"), so the findings can be refitted with the current statistics:
 
