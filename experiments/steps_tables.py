@@ -1,4 +1,4 @@
-"""Steps tables from the committed reports: one CSV per store, the input of `batchlab analyze --steps-table`.
+"""Steps tables from the committed reports: one CSV per store, the input of `batchlab analyze critical-batch-size --steps-table`.
 
 The raw stores of the experiments are not committed (runs/ is local), but every report's CSV holds,
 per unit and batch size, what a refit needs: the best trial's steps and resolution bracket, the
@@ -10,7 +10,7 @@ and the best trial's tuned metaparameters. This script writes them as steps tabl
 (docs/methods.md, "Steps tables"), so the findings can be refitted with the current statistics:
 
     .venv/bin/python experiments/steps_tables.py            # writes experiments/reports/<store>/steps.csv
-    .venv/bin/batchlab analyze --steps-table experiments/reports/fc128_race/steps.csv --group-by unit
+    .venv/bin/batchlab analyze critical-batch-size --steps-table experiments/reports/fc128_race/steps.csv --group-by unit
 
 Columns: unit (the report's unit label, e.g. ``mnist/fc_128_128_128/sgd [sweep 6c992ff3e43c]``: the
 name prediction records and ``batchlab predict --score`` match), optimizer, batch_size, steps (empty
