@@ -2,9 +2,10 @@
 fit (the fixed censoring penalty and the 5% floor of batchlab before issue 21) and the plain bootstrap of
 a minimum, in one process.
 
-The simulation is the one tests/analysis/test_coverage.py asserts (80-97% in every scenario); this
-script prints the measured coverages (docs/methods.md, "Intervals"). The old fit is read from the git
-history (commit :data:`BASELINE`, its ``profile_intervals``), so the baseline is the code that ran then.
+The simulation is the one tests/analysis/test_coverage.py asserts (80-97% in every scenario; the
+tight-budget lines: tests/analysis/test_scatter.py); this script prints the measured coverages
+(docs/methods.md, "Intervals"). The old fit is read from the git history (commit :data:`BASELINE`, its
+``profile_intervals``), so the baseline is the code that ran then.
 Run: ``.venv/bin/python benchmarks/interval_coverage.py [replications]`` (default 1000).
 """
 
@@ -18,6 +19,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "analysis"))
 import test_coverage as T  # noqa: E402  (the simulation shared with the test)
+import test_scatter as S  # noqa: E402  (the tight-budget simulation its test asserts)
 
 BASELINE = "6d1190e"  # the last commit with the fixed censoring penalty (CENSOR_STRENGTH) and the 5% floor
 
@@ -79,6 +81,20 @@ def main(reps: int = 1000) -> None:
             print(f"{f'K={k}, log-normal trials, sd {scale}':52s} {T.coverage(out):6.3f} {'':6s} "
                   f"{np.nanmedian(out['b_crit_high'] / out['b_crit_low']):12.3f}  trials' sd / true sd of the best "
                   f"{np.nanmedian(trial_sd[:, 0]) / true_sd:.2f}")
+    # Tight budgets (test_scatter.py's TIGHT_BUDGET and two more): every study stops at 1.3x its true S, so the
+    # second trial is often unreached; the censored-exponential tail scale beside the one that drops such studies.
+    for k, scale in ((2, 0.1), (2, 0.2), (2, 0.3), (4, 0.2), (4, 0.3)):
+        sim = S.tight_budget_trials(k, scale, 1.3, reps, seed=21)
+        y, resolution, kind, drop_sd, drop_dof = T.fit_inputs(*sim)
+        trial_sd, trial_dof, theta = S.censored_trial_scatter(sim[0], sim[2], sim[3])
+        out = T.profile_intervals(T.BATCH_SIZES, y, resolution, kind, level=T.LEVEL, trial_sd=trial_sd,
+                                  trial_dof=trial_dof)
+        dropped = T.profile_intervals(T.BATCH_SIZES, y, resolution, kind, level=T.LEVEL, trial_sd=drop_sd,
+                                      trial_dof=drop_dof)
+        print(f"{f'K={k}, {scale:.0%} noise, budget 1.3x S everywhere':52s} {T.coverage(out):6.3f} {'':6s} "
+              f"{np.nanmedian(out['b_crit_high'] / out['b_crit_low']):12.3f}  tail scale / truth "
+              f"{np.nanmedian(theta) / scale:.2f}; dropping censored seconds: coverage {T.coverage(dropped):.3f}, "
+              f"tail scale / truth {np.nanmedian(drop_sd[:, 0]) * k / scale:.2f}", flush=True)
     s = T.true_steps()[6]  # B = 64
     for k, scale, miss in [(20, 0.3, 0.0), (5, 1.0, 0.3), (100, 0.5, 0.5), (2, 0.5, 0.0)]:
         rng = np.random.default_rng(k)

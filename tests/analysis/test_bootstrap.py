@@ -223,3 +223,34 @@ def test_bound_shares_count_undetermined_resamples_as_not_read():
     shares = est.bound_shares["perfect_scaling_end"]
     assert 0 < est.n_undetermined < 200 and shares["n_replicates"] == 200
     assert shares["null_shares"].get("not_read", 0) >= est.n_undetermined / 200
+
+
+def test_a_second_trial_unreached_within_its_budget_is_censored_in_the_trials_scatter(make_con):
+    # K = 2 everywhere. B = 1, 2, 4: both trials reach (an event, spacing log(s2 / s)); B = 8, 16, 32: the
+    # second runs to step 2s without reaching: censored there, exposure log 2 and no event (it used to be
+    # left out, which biased the tail scale low). Known truth: the censored-exponential MLE by hand.
+    reach = lambda s: [(s // 2, {M: 0.5}), (s, {M: 0.001})]  # noqa: E731
+    trials, events, exposure = [], 0, 0.0
+    for b in (1, 2, 4, 8, 16, 32):
+        s = int(200 * (1 + 8 / b))
+        trials.append(trial(W, b, 1, reach(s)))
+        if b <= 4:
+            s2 = int(1.1 * s)
+            trials.append(trial(W, b, 2, reach(s2)))
+            events, exposure = events + 1, exposure + np.log(s2 / s)
+        else:
+            trials.append(trial(W, b, 2, [(s // 2, {M: 0.5}), (2 * s, {M: 0.2})]))
+            exposure += np.log(2.0)
+    con = make_con(trials)
+    est = critical_batch_size_with_intervals(con, Selection(W, M, 0.01), n_boot=20, seed=0)
+    scatter = est.interval_notes["mccandlish_b_crit"]["trials_scatter"]
+    assert scatter["tail_scale"] == pytest.approx(exposure / events, rel=1e-12)
+    assert (scatter["n_studies"], scatter["n_censored"], scatter["n_dropped"]) == (3, 3, 0)
+    # without the budget (the array call alone) those studies are left out, and said to be
+    steps = {b: np.array([int(200 * (1 + 8 / b)), np.inf if b > 4 else int(1.1 * int(200 * (1 + 8 / b)))])
+             for b in (1, 2, 4, 8, 16, 32)}
+    bare = bootstrap_critical_batch_size(steps, n_boot=20).interval_notes["mccandlish_b_crit"]["trials_scatter"]
+    assert bare["n_dropped"] == 3 and bare["tail_scale"] < scatter["tail_scale"]
+    budget = {b: 2.0 * int(200 * (1 + 8 / b)) for b in (8, 16, 32)}
+    given = bootstrap_critical_batch_size(steps, n_boot=20, budget=budget).interval_notes["mccandlish_b_crit"]
+    assert given["trials_scatter"]["tail_scale"] == pytest.approx(scatter["tail_scale"], rel=1e-12)

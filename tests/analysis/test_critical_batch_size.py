@@ -378,3 +378,14 @@ def test_the_fit_reports_the_scatter_it_used():
     low, high = curve.brackets()[0]
     assert fit.residuals[0]["sigma"] == pytest.approx(np.sqrt(0.2**2 + np.log(high / low) ** 2 / 12), rel=1e-9)
     assert fit.to_dict()["scatter_source"] == "trials" and fit.misfit is None
+
+
+def test_a_censored_batch_size_after_a_settled_point_is_not_a_rise():
+    # A bump at B = 16 (2600, above the minimum 2000 at B = 8) but B = 32 settles back (2050); B = 64 is
+    # censored at 2100. No measured point rises after the last settled one, so B = 64 is no rise: it
+    # stays a censoring bound (it was marked rising, and left out, because the bump counted).
+    bump = StepsCurve(batch_sizes=(1, 2, 4, 8, 16, 32, 64), steps=(16000, 8000, 4000, 2000, 2600, 2050, None),
+                      censored_at=(None,) * 6 + (2100,))
+    fit = fit_steps_curve(bump)
+    assert fit.rising_batch_sizes == () and fit.residuals[-1]["use"] == "censored"
+    assert not any("rise again" in w for w in fit.warnings)

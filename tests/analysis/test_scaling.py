@@ -64,16 +64,17 @@ def groups_with_known_errors(rng, se, exponent=0.5, sizes=SIZES, level=0.9):
     return out
 
 
-@pytest.mark.parametrize("se_scale", [1.0, 0.5, 3.0])
-def test_the_weighted_fits_coverage_is_nominal_whatever_the_groups_common_error_scale(se_scale):
+@pytest.mark.parametrize("se_scale, seed", [(1.0, 7), (0.5, 8), (3.0, 9)])
+def test_the_weighted_fits_coverage_is_nominal_whatever_the_groups_common_error_scale(se_scale, seed):
     """Known truth: 400 seeded sets of 5 groups with unequal standard errors (intervals from the stated
-    se, the actual errors se_scale times it: the intervals right, too wide, too narrow). The exponent's
-    90% interval covers 0.5 in 0.85-0.95 of them (measured 0.8975 at every scale: the t quantile on the
-    residual-scaled covariance does not depend on the common scale; trusting the weights unless
-    exceeded, max(1, chi2/dof), would over-cover at 0.5)."""
-    rng = np.random.default_rng(7)
+    se, the actual errors se_scale times it: the intervals right, too wide, too narrow), each scale its
+    own seed. The exponent's 90% interval covers 0.5 in 0.85-0.95 of them: the t quantile on the
+    residual-scaled covariance does not depend on the common scale. The same fit trusting the stated
+    weights (the residual scaling undone, the normal quantile) is right only at scale 1: it
+    over-covers when the intervals are too wide and under-covers when they are too narrow."""
+    rng = np.random.default_rng(seed)
     se = np.array([0.05, 0.1, 0.2, 0.1, 0.3])
-    hits = 0
+    hits = trusted_hits = 0
     for _ in range(400):
         groups = groups_with_known_errors(rng, se * se_scale)
         for g in groups:  # the stated intervals stay those of se
@@ -81,7 +82,31 @@ def test_the_weighted_fits_coverage_is_nominal_whatever_the_groups_common_error_
             g["b"]["low"], g["b"]["high"] = np.exp(centre - 1.645 * se[g["group"]]), np.exp(centre + 1.645 * se[g["group"]])
         fit = power_law_fit(groups, "b", "B_crit", n_boot=10)
         hits += fit["exponent"]["low"] <= 0.5 <= fit["exponent"]["high"]
+        half = (fit["exponent"]["high"] - fit["exponent"]["value"]) / fit["quantile"] / np.sqrt(fit["residual_scale"])
+        trusted_hits += abs(fit["exponent"]["value"] - 0.5) <= norm.ppf(0.95) * half
     assert 0.85 <= hits / 400 <= 0.95
+    trusted = trusted_hits / 400
+    assert {1.0: 0.85 <= trusted <= 0.95, 0.5: trusted > 0.98, 3.0: trusted < 0.6}[se_scale], trusted
+
+
+def test_groups_that_all_share_one_size_are_a_one_line_error(tmp_path, capsys):
+    groups = [{"group": g, "x": 1e6, "error": None, "b": {"value": v, "low": 0.8 * v, "high": 1.3 * v}}
+              for g, v in (("a", 100.0), ("b", 120.0), ("c", 110.0))]
+    with pytest.raises(BatchlabError, match=r"^B_crit: the groups used \(a, b, c\) all have size 1e\+06: a power law "
+                                            r"needs at least two distinct sizes$"):
+        power_law_fit(groups, "b", "B_crit")
+    path = write_table(tmp_path / "one_size.csv", sizes=(1e6, 1e6))  # groups m0 and m1, both of size 1e6
+    with pytest.raises(BatchlabError, match=r"all have params 1e\+06: a power law needs at least two distinct sizes"):
+        fit_scaling_table(path, "model", "params")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
+    from cli_runner import run
+
+    code, out, err = run(capsys, "analyze", "scaling", "--steps-table", path, "--group-by", "model", "--x", "params")
+    assert (code, out) == (2, "") and err.count("\n") == 1 and "Traceback" not in err
+    assert "the groups (model=m0, model=m1) all have params 1e+06" in err
 
 
 def test_two_groups_fit_through_both_with_a_warning_and_the_normal_quantile():

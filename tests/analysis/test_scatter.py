@@ -6,8 +6,10 @@ the best of K then scatters with sd theta / K from one rerun of the study to the
 
 import numpy as np
 import pytest
+import test_coverage as T  # the coverage simulation (its grid and S(B)), for the tight-budget scenarios
 from scipy.stats import expon, norm
 
+from batchlab.analysis.critical_batch_size import profile_intervals
 from batchlab.analysis.scatter import (
     ScatterEstimate,
     pooled_tail_scale,
@@ -119,3 +121,80 @@ def test_the_scatter_covers_a_floating_point_perturbation_of_the_same_trials(rho
     assert isinstance(est, ScatterEstimate)
     assert perturbation_var <= 1.05 * est.tau**2  # covered (5%: the estimate's own error at 3000 studies)
     assert est.tau == pytest.approx(theta / k, rel=0.05)
+
+
+def test_a_censored_second_trial_adds_exposure_without_an_event():
+    # Hand-computed censored-exponential MLE (K = 2): study 1 has spacing log(1.2) (an event); study 2's
+    # second trial did not reach within its budget 150 (or was raced, known >= 150): exposure log(1.5), no event.
+    theta = np.log(1.2) + np.log(1.5)
+    unreached = scatter_from_trials({1: np.array([100.0, 120.0]), 2: np.array([100.0, np.inf])}, budget={2: 150.0})
+    raced = scatter_from_trials({1: np.array([100.0, 120.0]), 2: np.array([100.0, np.nan])},
+                                unknown_from={2: np.array([np.nan, 150.0])})
+    from_best_two = scatter_from_best_two([1, 2], [100.0, 100.0], [120.0, None], [2, 2], budget=[None, 150.0])
+    for est in (unreached, raced, from_best_two):
+        assert est.tail_scale == pytest.approx(theta, rel=1e-12)
+        assert (est.n_studies, est.n_censored, est.n_dropped, est.dof) == (1, 1, 0, variance_dof(1))
+    # without the budget the censored study is left out, and the method says so
+    dropped = scatter_from_trials({1: np.array([100.0, 120.0]), 2: np.array([100.0, np.inf])})
+    assert dropped.tail_scale == pytest.approx(np.log(1.2)) and dropped.n_dropped == 1
+    assert "1 studies with a censored second trial and no known budget left out" in dropped.method
+    # K = 3 with a known third above a raced trial's bound: the second is at least the bound (130)
+    est = scatter_from_trials({1: np.array([100.0, 120.0, 110.0]), 2: np.array([100.0, np.nan, 200.0])},
+                              unknown_from={2: np.array([np.nan, 130.0, np.nan])})
+    assert est.tail_scale == pytest.approx(2 * np.log(1.1) + 2 * np.log(1.3))
+    theta_v, n = pooled_tail_scale([[100.0, 100.0]], [[120.0, np.inf]], [2, 2], [np.nan, 150.0])
+    assert n.tolist() == [1] and theta_v[0] == pytest.approx(theta)
+
+
+def tight_budget_trials(k, scale, budget_ratio, reps, seed):
+    """The coverage simulation (tests/analysis/test_coverage.py's grid and S(B)) with every study's budget
+    ``budget_ratio`` times its true S: ``(steps, lower, n_trials, censored_at)`` as its ``simulate_scenario``."""
+    rng = np.random.default_rng(seed)
+    truth = T.true_steps()
+    n_trials = np.full(T.BATCH_SIZES.size, k)
+    censored_at = np.round(budget_ratio * truth)
+    raw = truth[None, :, None] * np.exp(rng.exponential(scale, size=(reps, truth.size, k)))
+    phase = np.exp(rng.uniform(0, T.GRID_STEP, size=(reps, truth.size, 1)))
+    index = np.searchsorted(T.EVAL_GRID, raw / phase)
+    steps, lower = T.EVAL_GRID[index] * phase, T.EVAL_GRID[index - 1] * phase
+    return np.where(steps > censored_at[None, :, None], np.inf, steps), lower, n_trials, censored_at
+
+
+def censored_trial_scatter(steps, n_trials, censored_at):
+    """Each replication's trials' scatter from the censored-exponential MLE (a second trial past the budget
+    ``censored_at`` is censored there): ``(trial_sd, trial_dof, theta_hat)``; ``steps`` (reps, n_batch, k)."""
+    order = np.sort(steps, axis=2)
+    theta, n_events = pooled_tail_scale(order[..., 0], order[..., 1], n_trials, censored_at)
+    trial_sd = np.where(np.isfinite(theta)[:, None], theta[:, None] / np.asarray(n_trials)[None, :], np.nan)
+    return trial_sd, variance_dof(n_events), theta
+
+
+def tight_budget_inputs(k, scale, budget_ratio, reps, seed):
+    """:func:`tight_budget_trials` as the fit's arrays with :func:`censored_trial_scatter`:
+    ``(y, resolution, kind, trial_sd, trial_dof, theta_hat)``."""
+    steps, lower, n_trials, censored_at = tight_budget_trials(k, scale, budget_ratio, reps, seed)
+    y, resolution, kind, _, _ = T.fit_inputs(steps, lower, n_trials, censored_at)
+    return (y, resolution, kind, *censored_trial_scatter(steps, n_trials, censored_at))
+
+
+#: Tight budgets (1.3x the true S at every batch size): the second trial is often unreached (K=2, 20% noise:
+#: in about half the studies). Coverage asserted in 0.80-0.97; at K=2, 20% noise the fit over-covers (about
+#: 0.98, and 0.975 with the true sd: the one-sided censoring term, not the scatter), so there only >= 0.80.
+TIGHT_BUDGET = {
+    "K=2, 10% noise, budget 1.3x S everywhere": {"k": 2, "scale": 0.1, "budget_ratio": 1.3},
+    "K=2, 20% noise, budget 1.3x S everywhere": {"k": 2, "scale": 0.2, "budget_ratio": 1.3},
+    "K=4, 20% noise, budget 1.3x S everywhere": {"k": 4, "scale": 0.2, "budget_ratio": 1.3},
+}
+
+
+@pytest.mark.parametrize("name", list(TIGHT_BUDGET))
+def test_a_tight_budget_keeps_the_tail_scale_and_the_coverage(name):
+    sc = TIGHT_BUDGET[name]
+    y, resolution, kind, trial_sd, trial_dof, theta = tight_budget_inputs(reps=400, seed=21, **sc)
+    # the tail scale is not biased low by the censored seconds (dropping them: 0.26-0.83 of the truth, printed
+    # by benchmarks/interval_coverage.py);
+    # 12 studies per curve: the median over 400 curves within 15% (the grid rounding adds a little)
+    assert np.nanmedian(theta) / sc["scale"] == pytest.approx(1.0, abs=0.15)
+    out = profile_intervals(T.BATCH_SIZES, y, resolution, kind, level=T.LEVEL, trial_sd=trial_sd, trial_dof=trial_dof)
+    high = 1.0 if name.startswith("K=2, 20%") else 0.97
+    assert 0.80 <= T.coverage(out) <= high, (name, T.coverage(out))

@@ -214,7 +214,7 @@ def test_pass_through_columns_are_copied_per_batch_size(tmp_path):
     "text, fragment",
     [
         # issue 21, item 8: rows that were dropped silently, or rounded to 0 steps ("goal met at step 0")
-        ("batch_size,steps\n1,100\n2,50\n4,\n8,\n", "unreached row(s) 3, 4 (batch size(s) [4, 8]) have no budget: "
+        ("batch_size,steps\n1,100\n2,50\n4,\n8,\n", "unreached row(s) 3, 4 (batch size(s) [4, 8]) have no budget > 0: "
                                                       "add a 'budget' column"),
         ("batch_size,steps,reached,budget\n1,100,true,\n2,,false,\n4,30,true,\n", "unreached row(s) 2 (batch size(s) [2])"),
         ("batch_size,steps\n1,100\n2,0.4\n4,30\n", "steps must be whole numbers (steps count updates), got [0.4] in row(s) 2"),
@@ -362,3 +362,45 @@ def test_steps_table_text_prints_the_tuning_flags_as_warnings(capsys, tmp_path):
     assert "warning: tuning flags: B_crit " in out and "without the flagged B = 8, 32, 64, 256" in out
     assert ("warning: tuning flags (better_than_perfect_scaling and one_reaching_trial only): " in out
             and "without the flagged B = 8, 256" in out)
+
+
+def test_a_parquet_table_with_a_duplicate_index_is_read_by_position(tmp_path):
+    parts = [table()[table()["optimizer"] == o].reset_index(drop=True) for o in ("sgd", "momentum")]
+    frame = pd.concat(parts)  # index 0..11 twice
+    assert frame.index.duplicated().any()
+    frame.to_parquet(tmp_path / "dup.parquet")
+    frame.to_csv(tmp_path / "same.csv", index=False)
+    read = read_steps_table(tmp_path / "dup.parquet")
+    assert read.index.tolist() == list(range(24))
+    dup = fit_steps_table(tmp_path / "dup.parquet", group_by="optimizer")
+    same = fit_steps_table(tmp_path / "same.csv", group_by="optimizer")
+    assert [g["mccandlish_b_crit"] for g in dup] == pytest.approx([g["mccandlish_b_crit"] for g in same], rel=1e-9)
+
+
+@pytest.mark.parametrize("text", ["batch_size,steps,reached\n1,100,true\n2,50,true\n4,0,false\n",
+                                  "batch_size,steps,budget\n1,100,\n2,50,\n4,,0\n"])
+def test_an_unreached_row_with_a_zero_bound_is_an_error_not_dropped(tmp_path, text):
+    path = tmp_path / "zero.csv"
+    path.write_text(text)
+    with pytest.raises(BatchlabError, match=r"unreached row\(s\) 3 \(batch size\(s\) \[4\]\) have no budget > 0"):
+        fit_steps_table(path)
+
+
+def test_a_failed_group_has_the_same_keys_as_a_fitted_one(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("g,batch_size,steps\na,1,100\na,2,50\na,4,30\nb,1,100\n")
+    fitted, failed = fit_steps_table(path, group_by="g")
+    assert failed["error"] and set(failed) == set(fitted)
+    assert failed["regimes"] == [] and failed["warnings"] == [] and failed["interval"] is None
+
+
+def test_a_reached_rows_budget_censors_its_unreached_second_trial_in_the_scatter(tmp_path):
+    from batchlab.analysis.steps_table import table_scatter
+
+    path = tmp_path / "t.csv"
+    path.write_text("batch_size,steps,n_trials,second_steps,budget\n1,1000,2,1200,\n2,500,2,,750\n4,300,2,,\n")
+    rows = read_steps_table(path)
+    est = table_scatter(rows)
+    # B = 1: an event, log 1.2; B = 2: censored at its budget, exposure log 1.5; B = 4: no budget, left out
+    assert est.tail_scale == pytest.approx(np.log(1.2) + np.log(1.5), rel=1e-12)
+    assert (est.n_studies, est.n_censored, est.n_dropped) == (1, 1, 1)

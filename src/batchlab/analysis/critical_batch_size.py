@@ -100,7 +100,8 @@ class ScalingFit:
             ``sigma_floor`` without trials), ``n_points - 2`` degrees of freedom, and its tail
             probability (F test ``F(dof, scatter_dof)`` with trials, chi-square without; ``None`` when
             ``dof <= 0``).
-        sigma_floor: the scatter assumed without trials (the least a point's scatter can be).
+        sigma_floor: the scatter assumed without trials (then the least a point's scatter can be; with
+            the trials' scatter the least is :data:`MIN_TRIAL_SCATTER`).
         scatter: the scatter used in the weights (log space): the residual level when
             ``scatter_source == "residuals"``, else the trials' ``tau`` or ``sigma_floor``.
         scatter_source: ``"trials"``, ``"residuals"`` or ``"floor"`` (see the module docstring).
@@ -285,7 +286,8 @@ def _rising_mask(b: np.ndarray, y: np.ndarray, var: np.ndarray, kind: np.ndarray
 
     The rise is the largest run of reached batch sizes above the minimum's, each with steps above
     the minimum by more than ``RISE_Z * sqrt(var_j + var_min)``, plus any unreached batch sizes
-    among them; it is kept (not marked) when fewer than three fitted points would remain."""
+    among or after them (none without at least one such reached batch size); it is kept (not
+    marked) when fewer than three fitted points would remain."""
     n = y.shape[1]
     point = kind == POINT
     j_min = np.argmin(np.where(point, y, np.inf), axis=1)
@@ -299,7 +301,9 @@ def _rising_mask(b: np.ndarray, y: np.ndarray, var: np.ndarray, kind: np.ndarray
     last_settled = n - 1 - np.argmax(settled[:, ::-1], axis=1)
     rising = (index > last_settled[:, None]) & (kind != ABSENT)
     keep = np.sum(point & ~rising, axis=1) >= 3
-    return rising & (high.any(axis=1) & keep)[:, None]
+    # a rise needs a measured point above the minimum after the last settled one (not only censored ones)
+    measured_rise = np.any(point & (index > last_settled[:, None]), axis=1)
+    return rising & (measured_rise & keep)[:, None]
 
 
 def _residual_variance(r2: np.ndarray, v: np.ndarray, base: np.ndarray, point: np.ndarray, dof: np.ndarray):

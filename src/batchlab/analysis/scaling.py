@@ -92,12 +92,15 @@ def fit_scaling_table(path: str | Path, group_by: str, x: str, level: float = 0.
 
     Raises:
         BatchlabError: a bad table or column, a non-numeric, empty, non-positive or non-finite size,
-            a size that differs within a group, fewer than two groups, bad ``level``, ``n_boot``,
-            ``seed`` or ``at``.
+            a size that differs within a group, fewer than two groups, every group at one size, bad
+            ``level``, ``n_boot``, ``seed`` or ``at``.
     """
     check_options(level, n_boot, seed, at)
     frame = read_steps_table(path)
     sizes = group_sizes(frame, group_by, x, path)
+    if len(set(sizes.values())) == 1:
+        raise BatchlabError(f"the groups ({', '.join(f'{group_by}={k}' for k in sizes)}) all have {x} "
+                            f"{next(iter(sizes.values())):.6g}: a power law needs at least two distinct sizes")
     groups = fit_steps_frame(frame, group_by, level=level, label=Path(path).stem)
     rows = []
     for g in groups:
@@ -194,7 +197,8 @@ def power_law_fit(groups: list[dict], key: str, name: str = "", level: float = 0
     ``high``, ``extrapolated``), ``warnings``, ``error`` (``None``).
 
     Raises:
-        BatchlabError: fewer than two groups with an interval bounded on both sides; bad ``level``,
+        BatchlabError: fewer than two groups with an interval bounded on both sides, or all of them at one
+            size; bad ``level``,
             ``n_boot``, ``seed`` or ``at``.
     """
     from scipy.stats import chi2 as chi2_dist
@@ -229,6 +233,9 @@ def power_law_fit(groups: list[dict], key: str, name: str = "", level: float = 0
                             f"got {len(used)}" + (f" ({'; '.join(stated)})" if stated else ""))
     keys = [u[0] for u in used]
     x = np.array([u[1] for u in used])
+    if np.unique(x).size < 2:
+        raise BatchlabError(f"{name}: the groups used ({', '.join(str(k) for k in keys)}) all have size {x[0]:.6g}: a "
+                            "power law needs at least two distinct sizes")
     estimate = np.log([u[2] for u in used])
     log_low, log_high = np.log([u[3] for u in used]), np.log([u[4] for u in used])
     z = norm.ppf(0.5 + level / 2)

@@ -2,18 +2,20 @@
 
 A steps table has one row per batch size (per group): columns ``batch_size`` and ``steps`` (steps to
 result, updates), optional ``reached`` (bool; default: ``steps`` is a finite number, so an empty cell or
-``inf`` means not reached), ``budget`` (the step
-budget an unreached batch size ran to: its censoring bound ``S > budget``) and ``steps_lower`` (the
+``inf`` means not reached), ``budget`` (the step budget the study at that batch size ran to: an
+unreached row's censoring bound ``S > budget``; on a reached row, optional, the step its unreached
+trials ran to, where a second-best trial with empty ``second_steps`` is censored for the trials'
+scatter) and ``steps_lower`` (the
 evaluation step before the reaching one: the bracket ``(steps_lower, steps]``), and the trial columns
 ``n_trials`` (trials run at that batch size), ``n_reached`` (those that reached the goal) and
 ``second_steps`` (the second-best trial's steps, empty or ``inf`` where it did not reach the goal),
 copied into each batch size's row of the result, and ``learning_rate``, ``momentum`` (the best
 trial's values). Other columns are ignored unless named as the group column. An unreached row's
 censoring bound is its ``budget``, else its ``steps`` value (the steps it ran); an unreached row with
-neither is an error (never dropped). Without ``steps_lower`` the steps are treated as exact. Batch
-sizes, steps, budgets, steps_lower, n_trials, n_reached and second_steps are whole numbers (steps
-count updates; a fractional value is an error naming its rows, rows counted from 1 below the header),
-at most 2^53 (:data:`LARGEST`, the largest whole number a float holds exactly). A CSV is UTF-8 text
+neither, or whose bound is 0, is an error (never dropped). Without ``steps_lower`` the steps are
+treated as exact. Batch sizes, steps, budgets, steps_lower, n_trials, n_reached and second_steps are
+whole numbers (steps count updates; a fractional value is an error naming its rows, rows counted from
+1 below the header), at most 2^53 (:data:`LARGEST`, the largest whole number a float holds exactly). A CSV is UTF-8 text
 (a byte-order mark allowed); a file in another encoding is one line saying so.
 
 Each group is fitted by :func:`batchlab.analysis.bootstrap.fit_with_intervals`, the fit a store gets:
@@ -85,6 +87,7 @@ def read_steps_table(path: str | Path):
     except Exception as exc:  # noqa: BLE001 - any reader failure is a user error about the file
         message = one_line(exc) or type(exc).__name__
         raise BatchlabError(f"cannot read steps table {str(path)!r}: {message}") from None
+    frame = frame.reset_index(drop=True)  # a Parquet file may store a duplicate index; rows are positional
     frame.columns = [str(c).strip() for c in frame.columns]
     missing = [c for c in REQUIRED if c not in frame.columns]
     if missing:
@@ -138,12 +141,13 @@ def read_steps_table(path: str | Path):
                 f"for steps {steps[wrong].tolist()[:5]}"
             )
     budget = frame["budget"].to_numpy() if "budget" in frame.columns else np.full(len(frame), np.nan)
-    unbounded = ~reached & ~np.isfinite(budget) & ~np.isfinite(steps)
+    bound = np.where(np.isfinite(budget), budget, steps)
+    unbounded = ~reached & ~(np.isfinite(bound) & (bound > 0))
     if unbounded.any():
         sizes = frame["batch_size"].to_numpy()[unbounded].astype(np.int64).tolist()
         raise BatchlabError(
             f"steps table {str(path)!r}: unreached row(s) {row_numbers(unbounded)} (batch size(s) {sizes[:5]}) have no "
-            "budget: add a 'budget' column with the steps each ran to (S > budget), or give those steps in 'steps'")
+            "budget > 0: add a 'budget' column with the steps each ran to (S > budget), or give those steps in 'steps'")
     if "n_trials" in frame.columns:
         trials = frame["n_trials"].to_numpy()
         wrong = trials < 1  # NaN compares False: an empty cell is allowed
@@ -259,8 +263,8 @@ def fit_steps_frame(frame, group_by: str | None = None, tolerance: float = 0.1, 
             one = table_fit_fn(rows, level, tolerance, b0)(curve)
         except BatchlabError as exc:
             entry["error"] = str(exc)
-            for name in ("s_min", "s_min_measured", "e_min", *(d.name for d in REGISTRY), "residual", "intervals"):
-                entry[name] = None
+            for name in FIT_KEYS:  # every group has the same keys: a failed group's fit values are None/[]
+                entry[name] = [] if name in LIST_KEYS else None
             entry["tuning_flags"] = None if flags is None else [f.to_dict() for f in flags]
             entry["flagged_fit_effect"] = entry["point_flagged_fit_effect"] = None
             out.append(entry)
@@ -285,6 +289,14 @@ def fit_steps_frame(frame, group_by: str | None = None, tolerance: float = 0.1, 
         entry["regimes"] = [{**r, **extra[r["batch_size"]]} for r in entry["regimes"]]
         out.append(entry)
     return out
+
+
+#: The keys :func:`_fit_entry` gives a fitted group (a failed group gets them too, ``None`` or ``[]``).
+FIT_KEYS = ("s_min", "s_min_measured", "e_min", *(d.name for d in REGISTRY), "intervals", "interval", "residual",
+            "max_abs_log_residual", "chi2", "dof", "p_value", "misfit", "b0", "batch_size_range", "points_used",
+            "censored_batch_sizes", "extrapolated", "warnings", "reasons", "regimes")
+#: The list-valued ones among :data:`FIT_KEYS` (``[]`` in a failed group).
+LIST_KEYS = ("censored_batch_sizes", "warnings", "regimes")
 
 
 def _fit_entry(one: CurveFit, level: float) -> dict:
@@ -331,7 +343,8 @@ def table_fit_fn(rows, level: float = 0.9, tolerance: float = 0.1, b0: float | N
 
 def table_scatter(rows, batch_sizes=None) -> ScatterEstimate | None:
     """The trials' scatter of one group's rows (:func:`~batchlab.analysis.scatter.scatter_from_best_two`
-    of each row's ``steps`` where reached, ``second_steps`` and ``n_trials``), over the rows whose batch
+    of each row's ``steps`` where reached, ``second_steps``, ``n_trials`` and, where present, ``budget``:
+    a reached row's empty ``second_steps`` is censored at its budget, or left out without one), over the rows whose batch
     size is in ``batch_sizes`` (default: every row). ``None`` without both columns, or when no row has
     two reached trials (then the fit uses its floor or the residuals)."""
     if "n_trials" not in rows.columns or "second_steps" not in rows.columns:
@@ -340,8 +353,10 @@ def table_scatter(rows, batch_sizes=None) -> ScatterEstimate | None:
         rows = rows[rows["batch_size"].isin([int(b) for b in batch_sizes])]
     reached = rows["reached"].to_numpy(dtype=bool)
     best = np.where(reached, rows["steps"].to_numpy(dtype=float), np.nan)
+    budget = rows["budget"].to_numpy(dtype=float) if "budget" in rows.columns else None
     return scatter_from_best_two(rows["batch_size"].to_numpy(dtype=float), best,
-                                 rows["second_steps"].to_numpy(dtype=float), rows["n_trials"].to_numpy(dtype=float))
+                                 rows["second_steps"].to_numpy(dtype=float), rows["n_trials"].to_numpy(dtype=float),
+                                 budget)
 
 
 def table_tuning(rows) -> tuple[list[StudyTuning] | None, list[int]]:
