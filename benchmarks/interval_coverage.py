@@ -85,7 +85,7 @@ def main(reps: int = 1000) -> None:
     # second trial is often unreached; the censored-exponential tail scale beside the one that drops such studies.
     for k, scale in ((2, 0.1), (2, 0.2), (2, 0.3), (4, 0.2), (4, 0.3)):
         sim = S.tight_budget_trials(k, scale, 1.3, reps, seed=21)
-        y, resolution, kind, drop_sd, drop_dof = T.fit_inputs(*sim)
+        y, resolution, kind, drop_sd, drop_dof = T.fit_inputs(*sim, censored_seconds=False)
         trial_sd, trial_dof, theta = S.censored_trial_scatter(sim[0], sim[2], sim[3])
         out = T.profile_intervals(T.BATCH_SIZES, y, resolution, kind, level=T.LEVEL, trial_sd=trial_sd,
                                   trial_dof=trial_dof)

@@ -77,8 +77,10 @@ def simulate_scenario(reps, k, scale, seed, weak=None, budget=None, rise=False, 
     return np.where(unreached, np.inf, steps), lower, n_trials, censored_at
 
 
-def fit_inputs(steps, lower, n_trials, censored_at):
-    """The fit's arrays for each replication: ``(y, resolution, kind, trial_sd, trial_dof)``."""
+def fit_inputs(steps, lower, n_trials, censored_at, censored_seconds: bool = True):
+    """The fit's arrays for each replication: ``(y, resolution, kind, trial_sd, trial_dof)``;
+    ``censored_seconds=False`` drops the studies whose second trial is unreached from the tail scale
+    (the estimator before the censored-exponential MLE, kept as the benchmark's baseline)."""
     order = np.sort(steps, axis=2)
     best = np.argmin(steps, axis=2)
     upper = order[..., 0]
@@ -88,7 +90,7 @@ def fit_inputs(steps, lower, n_trials, censored_at):
                  np.log(np.where(np.isnan(censored_at), 1.0, censored_at))[None, :])
     resolution = np.where(reached, np.log(np.where(reached, upper / low, 1.0)) ** 2 / 12, 0.0)
     kind = np.where(reached, POINT, np.where(np.isnan(censored_at)[None, :], ABSENT, LOWER))
-    theta, n_studies = pooled_tail_scale(upper, order[..., 1], n_trials)
+    theta, n_studies = pooled_tail_scale(upper, order[..., 1], n_trials, censored_at if censored_seconds else None)
     trial_sd = np.where(np.isfinite(theta)[:, None], theta[:, None] / n_trials[None, :], np.nan)
     return y, resolution, kind, trial_sd, variance_dof(n_studies)
 
