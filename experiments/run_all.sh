@@ -8,7 +8,7 @@
 # Then refit every committed report with the current statistics (`refits`: its steps table, made from
 # its CSV by experiments/steps_tables.py, fitted by `batchlab analyze critical-batch-size --steps-table`
 # into experiments/reports/<store>/refit.{txt,jsonl}; no store needed) and score every predictor on its
-# own against those refits (`scores`: experiments/predictions/scores.{txt,json}).
+# own against those refits (`scores`: experiments/predictions/scores.{txt,jsonl}).
 #   OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE bash experiments/run_all.sh [sweeps|predictions|reports|refits|scores]
 # A prediction file that exists is kept (delete it to measure again).
 set -euo pipefail
@@ -96,11 +96,11 @@ if [[ "$WHAT" == all || "$WHAT" == scores ]]; then
   for file in experiments/reports/*/refit.jsonl; do
     [[ -e "$file" ]] && measured+=(--measured "$file")
   done
-  echo "== scores of experiments/predictions/*/predict_*.jsonl against the refits -> experiments/predictions/scores.txt, scores.json"
+  echo "== scores of experiments/predictions/*/predict_*.jsonl against the refits -> experiments/predictions/scores.txt, scores.jsonl"
   COLUMNS=200 $BATCHLAB predict --score experiments/predictions/*/predict_*.jsonl "${measured[@]}" \
     --workload-ref experiments/workloads.py:mnist_simple_cnn_tiny >experiments/predictions/scores.txt.tmp
   $BATCHLAB predict --score experiments/predictions/*/predict_*.jsonl "${measured[@]}" \
-    --workload-ref experiments/workloads.py:mnist_simple_cnn_tiny --json >experiments/predictions/scores.json.tmp
+    --workload-ref experiments/workloads.py:mnist_simple_cnn_tiny --json >experiments/predictions/scores.jsonl.tmp
   mv experiments/predictions/scores.txt.tmp experiments/predictions/scores.txt
-  mv experiments/predictions/scores.json.tmp experiments/predictions/scores.json
+  mv experiments/predictions/scores.jsonl.tmp experiments/predictions/scores.jsonl
 fi

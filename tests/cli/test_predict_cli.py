@@ -74,10 +74,19 @@ def test_predict_score_prints_one_row_per_predictor_and_baseline(capsys, tmp_pat
 
 def test_predict_score_bad_input_is_one_line_exit_2(capsys, tmp_path):
     csv_path, first, _ = _score_inputs(tmp_path)
+    other = tmp_path / "other.jsonl"  # a refit of a unit no prediction names
+    other.write_text('{"group": "other/net/sgd [sweep ffffffffffff]", "mccandlish_b_crit": 50}\n')
     for args, message in ((["--score", str(first)], "needs --measured"),
+                          (["--score", str(first), "--measured", str(other)], "--score scored no unit"),
                           (["--score", "--measured", str(csv_path)], "needs prediction FILEs"),
                           (["--score", str(first), "--measured", str(tmp_path / "none.csv")], "does not exist"),
                           ([WORKLOAD, "--optimizer", "sgd", "--measured", str(csv_path)], "belong to --score"),
-                          ([WORKLOAD], "needs one WORKLOAD and --optimizer")):
+                          ([WORKLOAD], "needs one WORKLOAD and --optimizer"),
+                          (["--score", str(tmp_path / "gone.jsonl"), "--measured", str(csv_path)],
+                           "prediction FILE '"),
+                          (["--score", str(first), "--measured", str(csv_path), "--store", str(tmp_path)],
+                           "--store belongs to predicting, not to --score FILE..."),
+                          (["--score", str(first), "--measured", str(csv_path), "--steps-at", "10", "--batch-size",
+                            "8", "--no-branched"], "--steps-at, --batch-size, --no-branched belong to predicting")):
         code, _, err = run(capsys, "predict", *args)
         assert code == 2 and err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1, err

@@ -190,7 +190,7 @@ def test_score_files_reads_both_and_refuses_scoring_without_measured_values(tmp_
     predictions.write_text(_line("branched", 128.0, 128.0, 256.0, method="bracket") + "\n")
     board = score_files([predictions], [path])
     assert board.predictors[0].ratios == pytest.approx([1.28]) and board.baselines[1].ratios == pytest.approx([0.32])
-    with pytest.raises(BatchlabError, match="needs --measured"):
+    with pytest.raises(BatchlabError, match=r"needs --measured FILE \(a report.csv or a steps-table refit .jsonl\)"):
         score_files([predictions], [])
 
 
@@ -223,3 +223,45 @@ def test_measured_values_from_a_steps_table_refit_and_by_extension(tmp_path, cap
         with pytest.raises(BatchlabError, match=message):
             read_measured([tmp_path / name])
 
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"group": "u", "mccandlish_b_crit": 5, "intervals": [1]}', "line 1: intervals must be an object"),
+    ('{"group": "u", "mccandlish_b_crit": 5, "intervals": {"mccandlish_b_crit": 3}}', "line 1: intervals must be"),
+    ('{"group": "u", "mccandlish_b_crit": 5, "regimes": [5]}', "line 1: regimes must be a list of objects"),
+    ('{"group": "u", "mccandlish_b_crit": 5, "regimes": {"batch_size": 8}}', "line 1: regimes must be a list"),
+    ('{"group": "u", "mccandlish_b_crit": 5, "regimes": [{"batch_size": "x"}]}', "regimes batch_size is 'x'"),
+    ('{"group": "u", "mccandlish_b_crit": 5, "regimes": [{"batch_size": null}]}', "regimes batch_size is None"),
+    ('{"group": "u", "mccandlish_b_crit": "abc"}', "line 1: mccandlish_b_crit is 'abc'; allowed: a number or null"),
+    ('{"group": "u", "mccandlish_b_crit": true}', "mccandlish_b_crit is True"),
+    ('{"group": "u", "mccandlish_b_crit": 5, "intervals": {"mccandlish_b_crit": {"low": "1", "high": 9}}}',
+     "intervals.mccandlish_b_crit.low is '1'"),
+    ('{"group": "u", "mccandlish_b_crit": 5}\n{"group": "u", "mccandlish_b_crit": 5}',
+     "line 2: group 'u' is given twice in this file \\(also line 1\\)"),
+    ("", "has no record"),
+    ("\n\n", "has no record"),
+])
+def test_a_malformed_refit_file_is_refused_in_one_line_naming_file_and_line(tmp_path, line, message):
+    path = tmp_path / "refit.jsonl"
+    path.write_text(line)
+    with pytest.raises(BatchlabError, match=message) as info:
+        read_measured([path])
+    assert "\n" not in str(info.value) and "refit.jsonl" in str(info.value)
+
+
+def test_a_refit_line_may_leave_b_crit_and_its_interval_null(tmp_path):
+    path = tmp_path / "refit.jsonl"
+    path.write_text('{"group": "u", "mccandlish_b_crit": null, "intervals": {"mccandlish_b_crit": '
+                    '{"low": 4.0, "high": null}}, "regimes": [{"batch_size": 16}, {"batch_size": 8}]}\n')
+    assert read_measured([path])["u"] == MeasuredUnit("u", None, 4.0, None, (8.0, 16.0), str(path))
+
+
+def test_score_files_refuses_a_run_that_scores_no_unit(tmp_path):
+    measured = tmp_path / "refit.jsonl"
+    measured.write_text(json.dumps({"group": UNIT_B, "mccandlish_b_crit": 100.0}) + "\n")
+    predictions = tmp_path / "p.jsonl"
+    predictions.write_text(_line("branched", 128.0, 100.0, 256.0, method="bracket", unit=UNIT_A) + "\n")
+    with pytest.raises(BatchlabError, match="--score scored no unit: predictions for .*no measured unit"):
+        score_files([predictions], [measured])
+    with pytest.raises(BatchlabError, match="prediction FILE '.*missing.jsonl' does not exist"):
+        score_files([tmp_path / "missing.jsonl"], [measured])

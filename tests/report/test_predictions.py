@@ -194,6 +194,34 @@ def test_b_simple_across_training_figure_and_table(built):
     assert "<td>sgd B=128 lr=0.1</td><td>50</td><td>8</td><td>[6, 11]</td>" in table
     csv_row = next(r for r in rows if r["quantity"] == "b_simple at step 100 (sgd B=128 lr=0.1)")
     assert (csv_row["value"], csv_row["lower"], csv_row["upper"]) == ("12", "9", "")
+    # 12 [9, inf) is open above: a lower bound 9, never a point: no ratio, said so in the table and the CSV
+    assert [s["kind"] for s in series] == ["point", "point", "lower_bound", "point", "none"]
+    assert (series[2]["bound"], series[2]["ratio"]) == (9.0, None) and series[1]["bound"] is None
+    assert csv_row["note"].startswith("lower bound 9, never a point")
+    ratio_row = next(r for r in rows if r["quantity"] == "b_simple/measured at step 100 (sgd B=128 lr=0.1)")
+    assert (ratio_row["value"], ratio_row["note"]) == ("", "lower bound 9: no ratio")
+    assert ("<td>sgd B=128 lr=0.1</td><td>100</td><td>&gt;= 9</td><td>[9, inf]</td><td>lower bound 9</td>"
+            "<td>- (a bound: no ratio)</td>") in table
+    assert "a bound (an interval open on one side) is a bar from the bound" in caption
+
+
+def test_b_simple_figure_draws_a_bound_as_a_bound_not_a_point_of_the_line():
+    from batchlab.plots.predictions import Measured, Series, b_simple_figure
+
+    series = Series("run", [0, 50, 100], [2.0, 8.0, 9.0], [1.5, 6.0, 9.0], [3.0, 11.0, None],
+                    ["point", "point", "lower_bound"])
+    ax = b_simple_figure([series], Measured(10.0, 8.0, 12.0), "t").axes[0]
+    (line,) = [c for c in ax.containers]  # the errorbar of the points only
+    assert list(line.lines[0].get_xdata()) == [0, 50]
+    bound = [a for a in ax.get_children() if a.get_gid() == "b_simple_bound"]
+    bar, arrow, mark = bound
+    top = ax.get_ylim()[1]
+    assert list(bar.get_xdata()) == [100, 100] and list(bar.get_ydata()) == [9.0, top]
+    assert arrow.get_marker() == "^" and list(arrow.get_ydata()) == [top] and list(mark.get_ydata()) == [9.0]
+    # without kinds every step is a point (the old form)
+    ax = b_simple_figure([Series("run", [0, 50], [2.0, 8.0], [1.5, 6.0], [3.0, 11.0])], Measured(None), "t").axes[0]
+    assert list(ax.containers[0].lines[0].get_xdata()) == [0, 50]
+    assert not [a for a in ax.get_children() if a.get_gid() == "b_simple_bound"]
 
 
 def test_summary_line_names_ratios_and_those_within_2x(built):
@@ -202,13 +230,16 @@ def test_summary_line_names_ratios_and_those_within_2x(built):
     summary, html, _ = built
     bc = _b_crit(summary, SGD_UNIT)["value"]
     parts = [f"{p} {num(v)} ({v / bc:.2f}x)" for p, v in (("b_simple", 6.0), ("branched", 64.0))]
-    close = [p for p, v in (("b_simple", 6.0), ("branched", 64.0)) if 0.5 <= v / bc <= 2]
-    # b_noise 30 [12, inf) is a lower bound: written as one, never with a ratio or among those within 2x
+    # b_noise 30 [12, inf) is a lower bound: written as one, never with a ratio or among those within 2x; all
+    # four are at step 100, off the workload's protocol checkpoint (750): not scored, never listed as within 2x
     expected = (f"predictions mnist/fc_64_64_64 sgd: {parts[0]}, b_noise >= 12 (bound), {parts[1]}, calibrated_nqm - "
-                f"against B_crit {num(bc)}; within 2x: {', '.join(close) or 'none'}")
+                f"against B_crit {num(bc)}; within 2x: none (at the protocol checkpoint, step 750); off protocol, not "
+                "scored: b_simple, b_noise, branched, calibrated_nqm")
     assert expected in summary["lines"]
-    assert summary["lines"][-1] == expected and _unit(summary, SGD_UNIT)["line"] == expected
-    assert summary["lines"][-2].startswith("predictions mnist/fc_64_64_64 momentum: b_simple 20 (")
+    # the scores line comes last, after the units' prediction lines
+    assert summary["lines"][-1].startswith("prediction scores (0 units, protocol checkpoint): ")
+    assert summary["lines"][-2] == expected and _unit(summary, SGD_UNIT)["line"] == expected
+    assert summary["lines"][-3].startswith("predictions mnist/fc_64_64_64 momentum: b_simple 20 (")
     assert expected in unescape(html)
 
 
@@ -216,11 +247,18 @@ def test_several_checkpoint_steps_name_the_step(tmp_path, trials):
     from batchlab.report.build import build_report
 
     store = publish(tmp_path / "store", [t for t in trials if t["workload"] == SGD])
-    path = write_lines(tmp_path / "p.jsonl", [prediction("b_simple", 6.0, steps_at=250),
-                                               prediction("b_simple", 9.0, steps_at=500)], blank=False)
+    path = write_lines(tmp_path / "p.jsonl", [prediction("b_simple", 6.0, steps_at=250, protocol_steps_at=500),
+                                               prediction("b_simple", 9.0, steps_at=500, protocol_steps_at=500)],
+                       blank=False)
     summary = build_report(store, tmp_path / "r.html", n_boot=5, predictions=[path])
-    assert summary["lines"][-1].startswith("predictions mnist/fc_64_64_64 sgd: b_simple@250 6 (")
-    assert ", b_simple@500 9 (" in summary["lines"][-1]
+    line = next(x for x in summary["lines"] if x.startswith("predictions "))
+    assert line.startswith("predictions mnist/fc_64_64_64 sgd: b_simple@250 6 (")
+    assert ", b_simple@500 9 (" in line
+    # both are within 2x of the measured B_crit, but only the protocol checkpoint's is listed (never a union)
+    bc = _b_crit(summary, SGD_UNIT)["value"]
+    assert all(0.5 <= v / bc <= 2 for v in (6.0, 9.0))
+    assert line.endswith("; within 2x: b_simple@500 (at the protocol checkpoint, step 500); "
+                         "off protocol, not scored: b_simple@250")
     assert [r["label"] for r in summary["predictions"][0]["rows"]] == ["b_simple@250", "b_simple@500"]
 
 
@@ -349,9 +387,50 @@ def test_scores_part_table_and_line_on_hand_made_units(tmp_path):
                                                prediction("b_noise", 30.0, 100.0, None, protocol_steps_at=100)])
     part = scores_part([unit], read_predictions([path]))
     assert part["line"] == ("prediction scores (1 units, protocol checkpoint): b_simple 1/1 within 2x, geometric "
-                            "error 1.50x; b_noise 0/0 within 2x, geometric error -, 1 bounds (0 consistent); "
+                            "error 1.50x (on its points: default B 0/1 within 2x, error 3.20x, swept range 1/1 "
+                            "within 2x, error 1.25x); b_noise 0/0 within 2x, geometric error -, 1 bounds "
+                            "(0 consistent); "
                             "baseline: default batch size 0/1 within 2x, geometric error 3.20x; baseline: swept "
                             "geometric mean 1/1 within 2x, geometric error 1.25x")
     by = {row[0]: row for row in part["table"].rows}
     assert by["b_noise"][-1] == ">= 100 no" and by["b_simple"][-1] == "1.5x"
     assert part["json"]["units"] == [SGD_UNIT]
+
+
+def test_each_predictor_is_compared_with_the_baselines_on_its_own_point_units(tmp_path):
+    """Two units (B_crit 40 and 400; swept 8..128, default B 128): b_simple has a point only on the first,
+    b_noise only a bound there and a point on the second. Each predictor's row gives the baselines on its
+    point units; the baseline rows still count both units."""
+    from types import SimpleNamespace
+
+    from batchlab.report.predictions import read_predictions, scores_part
+
+    sizes = [SimpleNamespace(batch_size=b, n_trials=4) for b in (8, 32, 128)]
+    other = f"{SGD} [sweep bbbbbbbbbbbb]"
+    units = [SimpleNamespace(key=SGD_UNIT, b_crit={"value": 40.0, "low": 20.0, "high": 80.0}, results=sizes),
+             SimpleNamespace(key=other, b_crit={"value": 400.0, "low": 200.0, "high": 800.0}, results=sizes)]
+    path = write_lines(tmp_path / "p.jsonl", [
+        prediction("b_simple", 60.0, 40.0, 90.0, protocol_steps_at=100, unit=SGD_UNIT),
+        prediction("b_noise", 30.0, 100.0, None, protocol_steps_at=100, unit=SGD_UNIT),
+        prediction("b_noise", 300.0, 200.0, 450.0, protocol_steps_at=100, unit=other)])
+    part = scores_part(units, read_predictions([path]))
+    board = part["board"]
+    simple, noise = board.predictors
+    # default B 128: 3.2x on the first unit, 0.32x on the second; sqrt(8 * 128) = 32: 0.8x and 0.08x
+    default_b, swept = board.baselines_on_points_of(simple)
+    assert (default_b.n_points, default_b.n_within, swept.n_within) == (1, 0, 1)
+    assert default_b.geometric_error == pytest.approx(3.2) and swept.geometric_error == pytest.approx(1.25)
+    default_b, swept = board.baselines_on_points_of(noise)
+    assert [u.unit for u in default_b.units] == [other]
+    assert default_b.geometric_error == pytest.approx(400 / 128) and swept.geometric_error == pytest.approx(12.5)
+    assert [b.n_points for b in board.baselines] == [2, 2]  # the all-units rows are kept
+    by = {row[0]: row for row in part["table"].rows}
+    columns = part["table"].columns
+    cell = by["b_noise"][columns.index("baseline (swept range) on these units")]
+    assert cell == "0/1 within 2x, error 12.50x"
+    assert by["baseline: default batch size"][columns.index("baseline (default B) on these units")] == "-"
+    rows = {r.quantity: r for r in part["csv"]}
+    assert rows["b_noise: swept_range_on_these_units_geometric_error"].value == pytest.approx(12.5)
+    assert rows["b_simple: default_b_on_these_units_within_2x_share"].value == 0.0
+    (entry,) = part["json"]["predictors"][1]["baselines_on_these_units"][1:]
+    assert (entry["n_points"], entry["geometric_error"]) == (1, pytest.approx(12.5))

@@ -268,3 +268,21 @@ def test_a_difference_is_held_only_when_the_intervals_say_so(a, b, verdict):
 
     assert difference_verdict(a, b) == verdict == difference_verdict(b, a)
 
+
+
+def test_summary_says_at_least_when_the_perfect_scaling_end_is_undetermined(tmp_path):
+    """An unreached B=64 (followed to 200 steps) decides nothing: the end is undetermined beyond B=32,
+    not "perfect scaling beyond" (that is only for every measured batch size still scaling)."""
+    from batchlab.report.build import build_report
+
+    trials = []
+    for b, hit in ((16, 1000), (32, 500), (64, None), (128, 130), (256, 120)):
+        last = 200 if hit is None else hit
+        for i in range(3):
+            rows = [(s, {E: 0.5}) for s in range(10, last, 10)] + [(last, {E: 0.5 if hit is None else GOAL * 0.9})]
+            trials.append({"workload": "toy/mlp/sgd", "batch_size": b, "trial_id": i + 1,
+                           "status": "COMPLETE" if hit is None else "STOPPED_AT_GOAL",
+                           "parameters": {"learning_rate": 0.01 * (i + 1)}, "rows": rows})
+    (line,) = build_report(publish(tmp_path / "store", trials), tmp_path / "r.html", n_boot=20)["lines"]
+    assert "perfect scaling to at least B=32 (undetermined beyond)" in line
+    assert "perfect scaling beyond" not in line

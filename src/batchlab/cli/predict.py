@@ -93,6 +93,14 @@ def predict(
         if not arguments or optimizer is not None:
             raise BatchlabError("batchlab predict --score needs prediction FILEs (batchlab predict --json lines) and "
                                 "no --optimizer")
+        given = {"--store": store, "--unit": unit_id, "--steps-at": steps_at, "--examples": examples,
+                 "--batch-size": batch_size, "--learning-rate": learning_rate, "--hparam": hparam,
+                 "--target-fraction": target_fraction, "--train-examples": train_examples,
+                 "--no-branched": None if branched else True}
+        refused = [name for name, value in given.items() if value is not None]
+        if refused:
+            raise BatchlabError(f"{', '.join(refused)} belong{'s' if len(refused) == 1 else ''} to predicting, not to "
+                                "--score FILE... (allowed with --score: --measured, --workload-ref, --level, --json)")
         _score(arguments, measured or [], workload_ref or [], level, json_output)
         return
     if measured or workload_ref:
@@ -147,13 +155,13 @@ def _table(result: dict) -> None:
 
 def _score(files: list[str], measured: list[str], refs: list[str], level: float, json_output: bool) -> None:
     """``--score``: the score table (:mod:`batchlab.probes.scoring`), or one JSON object per predictor and
-    baseline row (:meth:`PredictorScore.to_dict`) with ``--json``."""
+    baseline row (:meth:`Scoreboard.row_dicts`: a predictor's with ``baselines_on_these_units``) with ``--json``."""
     from batchlab.probes.scoring import SCORE_COLUMNS, SCORE_NOTE, score_files, score_table_rows
 
     board = score_files(files, measured, workload_refs=refs, level=level)
     if json_output:
-        for s in board.rows:
-            emit_json(s.to_dict())
+        for row in board.row_dicts():
+            emit_json(row)
         return
     print_table(f"predictor scores across {len(board.units)} units", [SCORE_COLUMNS[0]] + [
         (c, "left") if c == "per unit" else c for c in SCORE_COLUMNS[1:]], score_table_rows(board), caption=SCORE_NOTE)

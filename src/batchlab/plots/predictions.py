@@ -4,7 +4,8 @@
   row per prediction, against the measured B_crit (a vertical line, its interval shaded) and the band
   from half to twice the measured value.
 * :func:`b_simple_figure`: B_simple with its interval against the reference run's step, one series per
-  reference run, against the measured B_crit (a horizontal line, its interval shaded).
+  reference run (bounds drawn as bounds, never joined into the line), against the measured B_crit (a
+  horizontal line, its interval shaded).
 
 Both take plain numbers (``None`` for a missing value or an unbounded interval side) and return a
 :class:`matplotlib.figure.Figure` (no pyplot state, Agg canvas). Points without a value are not drawn:
@@ -57,13 +58,19 @@ class Point:
 
 @dataclass(frozen=True)
 class Series:
-    """One reference run's B_simple across training: ``steps``, ``values``, ``lows``, ``highs``."""
+    """One reference run's B_simple across training: ``steps``, ``values``, ``lows``, ``highs``, and per
+    step its reading ``kinds`` (:func:`batchlab.probes.scoring.classify`: ``point``, ``lower_bound``,
+    ``upper_bound``, ``none``; ``None``: every step a point). A bound's ``value`` is the bound."""
 
     label: str
     steps: Sequence[int]
     values: Sequence[float | None]
     lows: Sequence[float | None]
     highs: Sequence[float | None]
+    kinds: Sequence[str] | None = None
+
+    def kind_at(self, i: int) -> str:
+        return "point" if self.kinds is None else self.kinds[i]
 
 
 def _positive(value) -> bool:
@@ -145,30 +152,46 @@ def predictions_figure(points: Sequence[Point], measured: Measured, title: str) 
 def b_simple_figure(series: Sequence[Series], measured: Measured, title: str) -> Figure:
     """B_simple with its interval against the reference run's step, one series per reference run.
 
-    The x axis is linear, or symlog (linear up to 1) when a step 0 is drawn; the y axis is log10. The
-    measured B_crit is a horizontal line with its interval shaded. Points whose value is missing or not
-    positive are left out; an interval side that is unbounded or not positive is not drawn.
+    The x axis is linear, or symlog (linear up to 1) when a step 0 is drawn; the y axis is log10. Points
+    (kind ``point``) are markers with their interval as bars, joined per series; a bound (``lower_bound``
+    / ``upper_bound``: an interval open on one side) is never a point nor part of the line: a bar from
+    the bound to the open axis edge, ending in an arrow, with a bar-shaped marker at the bound (gid
+    ``b_simple_bound``). The measured B_crit is a horizontal line with its interval shaded. Points whose
+    value is missing or not positive (and ``none`` readings) are left out; an interval side that is
+    unbounded or not positive is not drawn.
     """
     fig = Figure(figsize=(7.5, 4.2))
     ax = fig.add_subplot()
     colors = distinct_colors(max(len(series), 1))
-    ys, any_zero = [], False
+    ys, any_zero, bounds = [], False, []
     for color, s in zip(colors, series):
-        xs = [(x, float(v), lo, hi) for x, v, lo, hi in zip(s.steps, s.values, s.lows, s.highs) if _positive(v)]
+        readings = [(s.kind_at(i), x, v, lo, hi) for i, (x, v, lo, hi) in enumerate(zip(s.steps, s.values, s.lows,
+                                                                                        s.highs)) if _positive(v)]
+        xs = [(x, float(v), lo, hi) for kind, x, v, lo, hi in readings if kind == "point"]
+        bounds += [(color, kind, x, float(v)) for kind, x, v, _, _ in readings
+                   if kind in ("lower_bound", "upper_bound")]
+        any_zero |= any(x == 0 for _, x, *_ in readings)
+        ys += [float(v) for kind, _, v, _, _ in readings if kind != "none"]
         if not xs:
+            if any(b[0] == color for b in bounds):
+                ax.plot([], [], color=color, marker="_", ms=10, mew=2, lw=0, label=s.label)
             continue
-        any_zero |= any(x == 0 for x, *_ in xs)
         steps = [x for x, *_ in xs]
         values = [v for _, v, _, _ in xs]
         below = [v - float(lo) if _positive(lo) and float(lo) <= v else 0.0 for _, v, lo, _ in xs]
         above = [float(hi) - v if _positive(hi) and float(hi) >= v else 0.0 for _, v, _, hi in xs]
         ax.errorbar(steps, values, yerr=[below, above], color=color, marker="o", ms=5, capsize=3, lw=1.5,
                     label=s.label)
-        ys += values + [v - b for v, b in zip(values, below) if v - b > 0] + [v + a for v, a in zip(values, above)]
+        ys += [v - b for v, b in zip(values, below) if v - b > 0] + [v + a for v, a in zip(values, above)]
     if measured.drawn:
         m = float(measured.value)
         ys += [m] + [x for x in (measured.low, measured.high) if _positive(x)]
     lo, hi = _limits(ys)
+    for color, kind, x, v in bounds:
+        end = hi if kind == "lower_bound" else lo
+        ax.plot([x, x], [v, end], color=color, lw=2, solid_capstyle="butt", gid="b_simple_bound")
+        ax.plot([x], [end], marker="^" if kind == "lower_bound" else "v", color=color, ms=7, gid="b_simple_bound")
+        ax.plot([x], [v], marker="_", color="black", ms=12, mew=2, gid="b_simple_bound")
     if measured.drawn:
         ax.axhspan(measured.low if _positive(measured.low) else lo, measured.high if _positive(measured.high) else hi,
                    color=MEASURED_COLOR, alpha=0.15, lw=0, label="measured B_crit interval")

@@ -47,7 +47,8 @@ import numpy as np
 from batchlab.errors import BatchlabError
 
 __all__ = ["BASELINES", "CONSISTENT_WIDENING", "WITHIN", "Estimate", "MeasuredUnit", "PredictorScore", "Scoreboard",
-           "UnitScore", "classify", "read_measured", "read_measured_csv", "read_measured_refit", "score_estimates", "score_records", "store_workload_of"]
+           "UnitScore", "classify", "protocol_step", "read_measured", "read_measured_csv", "read_measured_refit",
+           "score_estimates", "score_records", "store_workload_of"]
 
 #: A hit: predicted / measured in [1 / WITHIN, WITHIN].
 WITHIN = 2.0
@@ -148,15 +149,29 @@ def read_measured(paths: Iterable) -> dict[str, MeasuredUnit]:
     return out
 
 
+def _refit_number(value, where: str, name: str) -> float | None:
+    """A number of a refit line: ``None`` (JSON null) or a finite/infinite JSON number (infinite: None,
+    unbounded); anything else (a string, a bool, a list) is refused."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BatchlabError(f"{where}: {name} is {value!r}; allowed: a number or null")
+    return _finite(value)
+
+
 def read_measured_refit(paths: Iterable) -> dict[str, MeasuredUnit]:
     """The measured units of ``batchlab analyze critical-batch-size --steps-table FILE --group-by unit
     --json`` output (one JSON object per group), by group name: ``mccandlish_b_crit`` and its interval
     (``intervals.mccandlish_b_crit``: ``low``/``high``, ``None``: unbounded), and the table's batch sizes
-    (``regimes`` rows). A group whose fit failed (``error``) has no value.
+    (``regimes`` rows, each an object with a numeric ``batch_size``). A group whose fit failed
+    (``mccandlish_b_crit`` null) has no value.
 
     Raises:
-        BatchlabError (one line naming the file and line): a missing file, a line that is not a JSON
-            object with ``group`` and ``mccandlish_b_crit``.
+        BatchlabError (one line naming the file and line): a missing file, a file without any record, a
+            line that is not a JSON object with ``group`` and ``mccandlish_b_crit``, a non-numeric
+            ``mccandlish_b_crit``/``low``/``high``/``batch_size`` (null allowed for the first three), an
+            ``intervals`` that is not an object of objects, ``regimes`` that is not a list of objects, or
+            one group given twice.
     """
     import json
 
@@ -166,6 +181,8 @@ def read_measured_refit(paths: Iterable) -> dict[str, MeasuredUnit]:
         if not path.is_file():
             raise BatchlabError(f"--measured {str(path)!r} does not exist or is not a file")
         text = path.read_bytes().decode("utf-8", errors="replace")
+        seen: dict[str, int] = {}
+        form = "the --json lines of batchlab analyze critical-batch-size --steps-table FILE --group-by unit"
         for number, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
@@ -173,17 +190,41 @@ def read_measured_refit(paths: Iterable) -> dict[str, MeasuredUnit]:
             try:
                 entry = json.loads(line)
             except ValueError:
-                raise BatchlabError(f"{where} is not JSON (the --json lines of batchlab analyze critical-batch-size "
-                                    "--steps-table)") from None
+                raise BatchlabError(f"{where} is not JSON ({form})") from None
             if not isinstance(entry, dict) or "group" not in entry or "mccandlish_b_crit" not in entry:
-                raise BatchlabError(f"{where}: needs the keys group and mccandlish_b_crit (the --json lines of "
-                                    "batchlab analyze critical-batch-size --steps-table FILE --group-by unit)")
-            interval = (entry.get("intervals") or {}).get("mccandlish_b_crit") or {}
-            number_of = lambda v: _finite(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None  # noqa: E731
-            sizes = tuple(sorted(float(r["batch_size"]) for r in entry.get("regimes") or [] if "batch_size" in r))
+                raise BatchlabError(f"{where}: needs the keys group and mccandlish_b_crit ({form})")
+            intervals = entry.get("intervals") or {}
+            interval = intervals.get("mccandlish_b_crit") if isinstance(intervals, dict) else None
+            if not isinstance(intervals, dict) or not isinstance(interval or {}, dict):
+                raise BatchlabError(f"{where}: intervals must be an object whose mccandlish_b_crit is an object "
+                                    f"with low and high ({form})")
+            interval = interval or {}
+            regimes = entry.get("regimes") or []
+            if not isinstance(regimes, list) or not all(isinstance(r, dict) for r in regimes):
+                raise BatchlabError(f"{where}: regimes must be a list of objects with batch_size ({form})")
+            sizes = []
+            for r in regimes:
+                if "batch_size" in r:
+                    size = _refit_number(r["batch_size"], where, "regimes batch_size")
+                    if size is None:
+                        raise BatchlabError(f"{where}: regimes batch_size is {r['batch_size']!r}; allowed: a "
+                                            "positive number")
+                    sizes.append(size)
             unit = str(entry["group"])
-            out[unit] = MeasuredUnit(unit, number_of(entry["mccandlish_b_crit"]), number_of(interval.get("low")),
-                                     number_of(interval.get("high")), sizes, str(path))
+            if unit in seen:
+                raise BatchlabError(f"{where}: group {unit!r} is given twice in this file (also line {seen[unit]})")
+            seen[unit] = number
+            value = _refit_number(entry["mccandlish_b_crit"], where, "mccandlish_b_crit")
+            low = _refit_number(interval.get("low"), where, "intervals.mccandlish_b_crit.low")
+            high = _refit_number(interval.get("high"), where, "intervals.mccandlish_b_crit.high")
+            m = MeasuredUnit(unit, value, low, high, tuple(sorted(sizes)), str(path))
+            old = out.get(unit)
+            if old is not None and (old.value, old.low, old.high) != (m.value, m.low, m.high):
+                raise BatchlabError(f"unit {unit!r} has two measured values: {old.value} in {old.source!r} and "
+                                    f"{m.value} in {m.source!r}")
+            out[unit] = m
+        if not seen:
+            raise BatchlabError(f"--measured {str(path)!r} has no record ({form})")
     return out
 
 
@@ -339,6 +380,21 @@ class PredictorScore:
         r = self.ratios
         return float(np.exp(np.mean(np.abs(np.log(r))))) if r else None
 
+    @property
+    def point_units(self) -> tuple[str, ...]:
+        """The units where this row has a point (those its within-2x share and geometric error count)."""
+        return tuple(u.unit for u in self.units if u.estimate.kind == POINT)
+
+    def on_units(self, names: Iterable[str]) -> PredictorScore:
+        """This row restricted to the units ``names`` (same order as :attr:`units`)."""
+        keep = set(names)
+        return PredictorScore(self.predictor, tuple(u for u in self.units if u.unit in keep), self.baseline,
+                              self.level)
+
+    def summary_dict(self) -> dict:
+        """:meth:`to_dict` without the per-unit entries."""
+        return {k: v for k, v in self.to_dict().items() if k != "units"}
+
     def to_dict(self) -> dict:
         return {"predictor": self.predictor, "baseline": self.baseline, "n_units": self.n_units,
                 "n_points": self.n_points, "n_within_2x": self.n_within, "within_2x_share": self.within_share,
@@ -375,8 +431,21 @@ class Scoreboard:
     def rows(self) -> list[PredictorScore]:
         return self.predictors + self.baselines
 
+    def baselines_on_points_of(self, predictor: PredictorScore) -> list[PredictorScore]:
+        """Each baseline (in :data:`BASELINES` order) on the units where ``predictor`` has a point: the
+        comparison on the same units (a predictor's share counts only its points, while the baseline
+        rows count every scored unit)."""
+        return [b.on_units(predictor.point_units) for b in self.baselines]
+
+    def row_dicts(self) -> list[dict]:
+        """One dict per row (:meth:`PredictorScore.to_dict`), predictors first; a predictor's carries
+        ``baselines_on_these_units``: :meth:`baselines_on_points_of` as summary dicts."""
+        return ([p.to_dict() | {"baselines_on_these_units": [b.summary_dict() for b in self.baselines_on_points_of(p)]}
+                 for p in self.predictors] + [b.to_dict() for b in self.baselines])
+
     def to_dict(self) -> dict:
-        return {"units": self.units, "predictors": [p.to_dict() for p in self.predictors],
+        rows = self.row_dicts()
+        return {"units": self.units, "predictors": rows[:len(self.predictors)],
                 "baselines": [b.to_dict() for b in self.baselines],
                 "off_checkpoint": {k: [list(v) for v in vs] for k, vs in self.off_checkpoint.items()},
                 "reference_rules": self.reference_rules, "warnings": self.warnings}
@@ -400,6 +469,13 @@ def _workload_defaults(record, refs: Mapping[str, str], cache: dict) -> tuple[in
             cache[record.workload] = (None, None)
     cached = cache[record.workload]
     return (cached[0] if step is None else step), (cached[1] if size is None else size)
+
+
+def protocol_step(record, refs: Mapping[str, str] | None = None, cache: dict | None = None) -> int | None:
+    """The protocol checkpoint (an optimizer step) of a record's workload: its settings'
+    ``protocol_steps_at`` when recorded, else the resolved workload's; None when unknown. ``cache``:
+    a dict reused across calls (workload name -> defaults)."""
+    return _workload_defaults(record, dict(refs or {}), {} if cache is None else cache)[0]
 
 
 def resolve_workload_refs(refs: Iterable[str]) -> dict[str, str]:
@@ -503,16 +579,25 @@ def _geometric_mean_range(batch_sizes: Sequence[float]) -> float | None:
 
 def score_files(paths: Sequence, measured_paths: Sequence, *, workload_refs: Sequence[str] = (),
                 level: float = 0.9) -> Scoreboard:
-    """:func:`score_records` of prediction files (``batchlab predict --json`` lines, read and checked by
-    :func:`batchlab.report.predictions.read_predictions`) against report CSVs (:func:`read_measured_csv`)."""
+    """:func:`score_records` (``strict=True``) of prediction files (``batchlab predict --json`` lines, read
+    and checked by :func:`batchlab.report.predictions.read_predictions`) against ``--measured`` files
+    (:func:`read_measured`: report CSVs or steps-table refit ``.jsonl``).
+
+    Raises:
+        BatchlabError: no ``measured_paths``; what the readers raise; no unit scored (the reasons named).
+    """
     from batchlab.report.predictions import read_predictions
 
     if not measured_paths:
-        raise BatchlabError("--score needs --measured CSV (a report.csv of batchlab report): the measured values "
-                            "stored in prediction files may be stale and are never scored")
-    records = read_predictions(paths)
+        raise BatchlabError("--score needs --measured FILE (a report.csv or a steps-table refit .jsonl): the "
+                            "measured values stored in prediction files may be stale and are never scored")
+    records = read_predictions(paths, label="prediction FILE")
     measured = read_measured(measured_paths)
-    return score_records(records, measured, workload_refs=resolve_workload_refs(workload_refs), level=level)
+    board = score_records(records, measured, workload_refs=resolve_workload_refs(workload_refs), level=level)
+    if not board.units:
+        why = "; ".join(board.warnings) or "no prediction at the protocol checkpoint of a measured unit"
+        raise BatchlabError(f"--score scored no unit: {why}")
+    return board
 
 
 def ratio_list(score: PredictorScore) -> str:
@@ -531,20 +616,32 @@ def ratio_list(score: PredictorScore) -> str:
 
 
 SCORE_COLUMNS = ("predictor", "units", "points", "within 2x", "geometric error", "consistent", "bounds (consistent)",
-                 "no value", "per unit")
+                 "no value", "baseline (default B) on these units", "baseline (swept range) on these units", "per unit")
+
+
+def _error_text(s: PredictorScore) -> str:
+    return "-" if s.geometric_error is None else f"{s.geometric_error:.2f}x"
+
+
+def same_units_text(baseline: PredictorScore) -> str:
+    """A baseline on a predictor's point units, as ``k/n within 2x, error 1.50x`` (``-`` on no unit)."""
+    if not baseline.n_points:
+        return "-"
+    return f"{baseline.n_within}/{baseline.n_points} within 2x, error {_error_text(baseline)}"
 
 
 def score_table_rows(board: Scoreboard) -> list[list[str]]:
-    """One text row per predictor, then per baseline (:data:`SCORE_COLUMNS`)."""
+    """One text row per predictor, then per baseline (:data:`SCORE_COLUMNS`); a predictor's row carries
+    both baselines on the units where it has a point (:meth:`Scoreboard.baselines_on_points_of`)."""
     rows = []
     for s in board.rows:
         ci = s.within_interval
         within = "-" if ci is None else (f"{s.n_within}/{s.n_points} ({s.within_share:.2f}, "
                                          f"{s.level:.0%} CI {ci[0]:.2f}-{ci[1]:.2f})")
-        error = "-" if s.geometric_error is None else f"{s.geometric_error:.2f}x"
-        rows.append([s.predictor, str(s.n_units), str(s.n_points), within, error,
+        paired = ["-", "-"] if s.baseline else [same_units_text(b) for b in board.baselines_on_points_of(s)]
+        rows.append([s.predictor, str(s.n_units), str(s.n_points), within, _error_text(s),
                      f"{s.n_consistent}/{s.n_points}" if s.n_points else "-",
-                     f"{s.n_bounds} ({s.n_bounds_consistent})", str(s.n_none), ratio_list(s)])
+                     f"{s.n_bounds} ({s.n_bounds_consistent})", str(s.n_none), *paired, ratio_list(s)])
     return rows
 
 
@@ -554,4 +651,7 @@ SCORE_NOTE = ("Each predictor on its own, at the protocol checkpoint (a quarter 
               "share; geometric error: exp(mean |ln(predicted/measured)|) over the points; consistent: the point in "
               "the measured interval widened 2x each way. Unresolved estimates (an interval open on one side) are "
               "bounds, never points: counted apart, consistent when they allow a value within 2x. Baselines: the "
-              "workload's default batch size, and sqrt(B_min * B_max) of the unit's swept batch sizes.")
+              "workload's default batch size, and sqrt(B_min * B_max) of the unit's swept batch sizes; their rows "
+              "count every scored unit, while a predictor's share counts only its points, so each predictor's row "
+              "also gives both baselines on the units where it has a point (k/n within 2x, geometric error): the "
+              "same-units comparison.")

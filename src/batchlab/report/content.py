@@ -267,7 +267,9 @@ def _fit_and_figure(con, out: UnitResult, selection, n_boot: int, level: float, 
         out.b_crit = {"value": b_crit["value"] if b_crit["value"] is not None else (math.inf if estimate.fit.b_crit > 0 else 0.0),
                       "low": b_crit["low"], "high": b_crit["high"], "extrapolated": bool(summary["extrapolated"]),
                       "n_points": summary["points_used"], "ps_end": ps.get("value"),
-                      "ps_beyond": ps.get("lower_bound") if ps.get("value") is None else None, "level": level,
+                      # beyond the range: every measured B still scales; undetermined: an unreached B decides nothing
+                      "ps_beyond": ps.get("lower_bound") if ps.get("kind") == "beyond_range" else None,
+                      "ps_at_least": ps.get("lower_bound") if ps.get("kind") == "undetermined" else None, "level": level,
                       "poor_fit": any(str(w).startswith("poor fit") for w in summary["warnings"]),
                       "misfit": summary["fit"]["misfit"]}
     out.tables.append(_steps_table(out, estimate))
@@ -836,6 +838,8 @@ def summary_line(r: UnitResult, with_group: bool = False) -> str:
         tail.append(f"perfect scaling to B={num(bc['ps_end'])}")
     elif bc.get("ps_beyond") is not None:
         tail.append(f"perfect scaling beyond B={num(bc['ps_beyond'])}")
+    elif bc.get("ps_at_least") is not None:
+        tail.append(f"perfect scaling to at least B={num(bc['ps_at_least'])} (undetermined beyond)")
     if bc["extrapolated"]:
         tail.append("extrapolated")
     if bc.get("poor_fit"):

@@ -159,8 +159,9 @@ def _record(obj: dict, where: str) -> Record:
                   has_interval=bool(interval), **common)
 
 
-def read_predictions(paths) -> list[Record]:
-    """Read and check every ``--predictions`` file (JSON lines; blank lines allowed), in order.
+def read_predictions(paths, label: str = "--predictions") -> list[Record]:
+    """Read and check every ``--predictions`` file (JSON lines; blank lines allowed), in order; ``label``
+    names the files in messages (``batchlab predict --score`` passes ``"prediction FILE"``).
 
     Raises:
         BatchlabError (one line naming the file and, where it applies, the line number): a missing or
@@ -171,17 +172,17 @@ def read_predictions(paths) -> list[Record]:
     for path in paths:
         path = Path(path).expanduser()
         if not path.is_file():
-            raise BatchlabError(f"--predictions {str(path)!r} does not exist or is not a file")
+            raise BatchlabError(f"{label} {str(path)!r} does not exist or is not a file")
         try:
             data = path.read_bytes()
         except OSError as exc:
-            raise BatchlabError(f"cannot read --predictions {str(path)!r}: {exc.strerror or exc}") from None
-        text = decode_utf8(data, f"--predictions {str(path)!r}")
+            raise BatchlabError(f"cannot read {label} {str(path)!r}: {exc.strerror or exc}") from None
+        text = decode_utf8(data, f"{label} {str(path)!r}")
         found = 0
         for number, raw in enumerate(text.splitlines(), 1):
             if not raw.strip():
                 continue
-            where = f"--predictions {str(path)!r} line {number}"
+            where = f"{label} {str(path)!r} line {number}"
             try:
                 obj = json.loads(raw)
             except ValueError as exc:
@@ -193,7 +194,7 @@ def read_predictions(paths) -> list[Record]:
             records.append(_record(obj, where))
             found += 1
         if not found:
-            raise BatchlabError(f"--predictions {str(path)!r} holds no records (one JSON object per line, as "
+            raise BatchlabError(f"{label} {str(path)!r} holds no records (one JSON object per line, as "
                                 "batchlab predict --json or batchlab probe noise-scale --json write)")
     return records
 
@@ -369,9 +370,20 @@ def scores_part(results, records: list[Record]) -> dict:
     for s in board.rows:
         ci = s.within_interval
         error = "-" if s.geometric_error is None else f"{s.geometric_error:.2f}x"
+        paired = [] if s.baseline else board.baselines_on_points_of(s)
         parts.append(f"{s.predictor} {s.n_within}/{s.n_points} within 2x, geometric error {error}"
-                     + (f", {s.n_bounds} bounds ({s.n_bounds_consistent} consistent)" if s.n_bounds else ""))
+                     + (f", {s.n_bounds} bounds ({s.n_bounds_consistent} consistent)" if s.n_bounds else "")
+                     + (f" (on its points: default B {scoring.same_units_text(paired[0])}, swept range "
+                        f"{scoring.same_units_text(paired[1])})" if paired and s.n_points else ""))
         note = f"over {s.n_points} points of {s.n_units} units" + (" (baseline)" if s.baseline else "")
+        for short, b in zip(("default_b", "swept_range"), paired):
+            same = f"the baseline {b.predictor!r} on the {b.n_points} units where {s.predictor} has a point"
+            rows.extend([
+                Row(SCORES_UNIT, "predictions", None, f"{s.predictor}: {short}_on_these_units_within_2x_share",
+                    b.within_share, None, None, same),
+                Row(SCORES_UNIT, "predictions", None, f"{s.predictor}: {short}_on_these_units_geometric_error",
+                    b.geometric_error, None, None, f"exp(mean |ln(predicted/measured)|) of {same}"),
+            ])
         rows.extend([
             Row(SCORES_UNIT, "predictions", None, f"{s.predictor}: within_2x_share", s.within_share,
                 None if ci is None else ci[0], None if ci is None else ci[1],
@@ -425,7 +437,9 @@ def _prediction_part(result, predictions: list[Record], with_group: bool, entry:
         unique.setdefault((rec.predictor, rec.key), rec)
     chosen = list(unique.values())
     labels = _labels(chosen)
-    table_rows, json_rows, parts, close = [], [], [], []
+    table_rows, json_rows, parts, close, off = [], [], [], [], []
+    protocol_cache: dict = {}
+    protocol_steps: set = set()
     for label, rec in zip(labels, chosen):
         estimate = scoring.classify(rec.value, rec.low, rec.high, rec.has_interval)
         ratio, ratio_low, ratio_high = ratios(rec.value, rec.low, rec.high, measured, m_low, m_high)
@@ -474,13 +488,23 @@ def _prediction_part(result, predictions: list[Record], with_group: bool, entry:
             parts.append(f"{label} {'>=' if estimate.kind == 'lower_bound' else '<='} {num(estimate.value)} (bound)")
         else:
             parts.append(f"{label} {num(rec.value)}" + (f" ({_ratio_text(ratio)}x)" if ratio is not None else ""))
-        if near:
+        protocol = scoring.protocol_step(rec, cache=protocol_cache)
+        if protocol is not None:
+            protocol_steps.add(protocol)
+        if protocol is None or rec.step != protocol:
+            off.append(label)
+        elif near:
             close.append(label)
     head = f"predictions {result.unit.base} {result.unit.optimizer}" + (f" [{result.unit.group}]" if with_group else "")
     against = (f"against B_crit {num(measured)}" if measured is not None
                else f"against no measured B_crit ({result.reason or 'no S(B) fit'})")
-    line = f"{head}: {', '.join(parts)} {against}" + (
-        f"; within 2x: {', '.join(close) if close else 'none'}" if _usable(measured) else "")
+    # within 2x: only the records at the protocol checkpoint (those the scores count), never a union of steps
+    tail = ""
+    if _usable(measured):
+        steps = f", step {', '.join(map(str, sorted(protocol_steps)))}" if protocol_steps else ""
+        tail = f"; within 2x: {', '.join(close) if close else 'none'} (at the protocol checkpoint{steps})"
+        tail += f"; off protocol, not scored: {', '.join(off)}" if off else ""
+    line = f"{head}: {', '.join(parts)} {against}{tail}"
     level = result.b_crit["level"] if result.b_crit else None
     entry["table"] = Table(
         "Predicted critical batch sizes against this unit's measured mccandlish_b_crit",
@@ -543,30 +567,45 @@ def _noise_part(result, noise: list[Record], entry: dict, rows: list) -> None:
     for key, steps in runs.items():
         ordered = [steps[s] for s in sorted(steps)]
         label = labels[key]
-        series.append(Series(label, [r.step for r in ordered], [r.value for r in ordered], [r.low for r in ordered],
-                             [r.high for r in ordered]))
-        for rec in ordered:
-            ratio = rec.value / measured if rec.value is not None and _usable(measured) else None
-            table_rows.append([label, rec.step, num(rec.value), _interval(rec.low, rec.high), num(ratio, 3)])
+        # each step read as scoring reads a prediction: an interval open on one side is a bound, never a point
+        readings = [scoring.classify(r.value, r.low, r.high, r.has_interval) for r in ordered]
+        series.append(Series(label, [r.step for r in ordered],
+                             [e.value if e.kind.endswith("bound") else r.value for r, e in zip(ordered, readings)],
+                             [r.low for r in ordered], [r.high for r in ordered], [e.kind for e in readings]))
+        for rec, estimate in zip(ordered, readings):
+            bound = estimate.kind.endswith("bound")
+            reading = _reading(estimate)
+            ratio = rec.value / measured if estimate.kind == "point" and _usable(measured) else None
+            shown = (f"{'>=' if estimate.kind == 'lower_bound' else '<='} {num(estimate.value)}" if bound
+                     else num(rec.value))
+            table_rows.append([label, rec.step, shown, _interval(rec.low, rec.high), reading,
+                               "- (a bound: no ratio)" if bound else num(ratio, 3)])
             entry["json"]["b_simple_across_training"].append(
                 {"run": label, "step": rec.step, "b_simple": rec.value, "low": rec.low, "high": rec.high,
-                 "ratio": ratio, "source": rec.where})
+                 "kind": estimate.kind, "bound": estimate.value if bound else None, "ratio": ratio,
+                 "source": rec.where})
             rows.append(Row(name, "predictions", None, f"b_simple at step {rec.step} ({label})", rec.value, rec.low,
-                            rec.high, rec.where))
-            rows.append(Row(name, "predictions", None, f"b_simple/measured at step {rec.step} ({label})", ratio))
-            if not _usable(rec.value):
+                            rec.high, f"{reading}, never a point; {rec.where}" if bound
+                            else rec.where))
+            rows.append(Row(name, "predictions", None, f"b_simple/measured at step {rec.step} ({label})", ratio,
+                            None, None, f"{reading}: no ratio" if bound else ""))
+            if estimate.kind == "none" or not _usable(estimate.value if bound else rec.value):
                 missing.append(f"{label} step {rec.step}")
     entry["noise_table"] = Table(
         "B_simple across training against this unit's measured mccandlish_b_crit",
-        ["reference run", "step", "B_simple", "interval", "B_simple / measured"], table_rows,
+        ["reference run", "step", "B_simple", "interval", "reading", "B_simple / measured"], table_rows,
         note="B_simple = tr(Sigma) / |G|^2 at each checkpoint of a reference run (batchlab probe noise-scale), with "
-             "its recorded interval; each reference run (its settings) is its own series, never pooled. B_simple / "
-             f"measured divides by this unit's mccandlish_b_crit ({num(measured)}).")
+             "its recorded interval; each reference run (its settings) is its own series, never pooled. Reading: a "
+             "step whose interval is open on one side (|G|^2's interval includes 0) is a bound (a lower bound: its "
+             "low end), never a point: it has no ratio and is drawn as a bound, not joined into the series. B_simple "
+             f"/ measured divides a point by this unit's mccandlish_b_crit ({num(measured)}).")
     figure = b_simple_figure(series, Measured(measured, m_low, m_high), f"{result.unit.name}: B_simple across training")
     entry["noise_figure"] = FigureOut(
         _slug(f"b-simple-across-training-{result.unit.name}"),
         "B_simple across training: B_simple (dots, its interval as bars; log axis) against the reference run's step "
-        "(symlog axis when step 0 is drawn), one series per reference run (optimizer, batch size, learning rate), "
+        "(symlog axis when step 0 is drawn), one series per reference run (optimizer, batch size, learning rate); "
+        "a bound (an interval open on one side) is a bar from the bound to the axis edge ending in an arrow, with a "
+        "bar mark at the bound, never a dot nor part of the line; "
         + (f"this unit's measured mccandlish_b_crit {num(measured)} as a dashed line with its interval shaded."
            if _usable(measured) else "no measured B_crit for this unit.")
         + (f" Not drawn (no value): {', '.join(missing)}." if missing else ""),
