@@ -293,3 +293,21 @@ def test_best_trial_spaces_one_space_per_batch_size():
     same = store_with_spaces(trials, {(b, "a"): SPACE_A for b in (8, 32, 128)})
     assert sorted(best_trial_spaces(same, steps_to_result(same, W, M, 0.01))) == [8, 32, 128]
     assert best_trial_spaces(con, []) == {}
+
+
+def test_a_search_rounds_space_is_its_box_joined_with_the_space_it_refines():
+    """A box extended past the refined space's upper learning-rate edge (search_edge) and inside it in
+    momentum: the searched range is [lower of the two, upper of the two] per parameter."""
+    from batchlab.analysis.metaparameters import _searched_with_base
+    from batchlab.search import SearchSpace
+
+    base = SearchSpace.from_batch_science({
+        "learning_rate": {"type": "DOUBLE", "min_value": 1e-4, "max_value": 1.0, "scale": "LOG_SCALE"},
+        "momentum": {"type": "DOUBLE", "min_value": 0.5, "max_value": 0.999, "scale": "REVERSE_LOG_SCALE"}})
+    box = SearchSpace.from_batch_science({
+        "learning_rate": {"type": "DOUBLE", "min_value": 0.1, "max_value": 10.0, "scale": "LOG_SCALE"},
+        "momentum": {"type": "DOUBLE", "min_value": 0.8, "max_value": 0.95, "scale": "REVERSE_LOG_SCALE"}})
+    joined = _searched_with_base(box, base).to_batch_science()
+    assert (joined["learning_rate"]["min_value"], joined["learning_rate"]["max_value"]) == (1e-4, 10.0)
+    assert (joined["momentum"]["min_value"], joined["momentum"]["max_value"]) == (0.5, 0.999)
+    assert _searched_with_base(box, None) == box

@@ -207,7 +207,8 @@ def test_leaving_an_under_tuned_point_out_recovers_the_true_b_crit():
     # too few points left: the reason, not an exception
     few = flagged_fit_effect(StepsCurve((8, 16), (300, 140)), [TuningFlag("one_reaching_trial", 8, "x")])
     assert few.without_flagged["b_crit"] is None and "need at least 2" in few.without_flagged["error"]
-    assert np.isfinite(few.all_points["b_crit"]) or few.all_points["b_crit"] == np.inf
+    # 300 -> 140 steps from B = 8 to 16 falls faster than perfect scaling (150): no plateau, B_crit infinite
+    assert few.all_points["b_crit"] == np.inf and few.all_points["error"] is None
 
 
 def test_the_store_fit_is_the_reports_fit_with_every_point_and_gives_intervals():

@@ -169,7 +169,7 @@ def test_a_study_with_refine_search_adds_a_recorded_search_round_where_a_flag_fi
     round0, round1 = definitions[studies[1]], definitions[studies[5]]
     assert studies[5] == studies[6] != studies[1] and round1["search_round"] == 1 and "search_round" not in round0
     assert round1["refine"]["study"] == study_id(round0)
-    assert round1["refine"]["flags"] == sorted({f.kind for f in result.flags})
+    assert "flags" not in round1["refine"]  # the flags are in result.flags, not in the hashed definition
     incumbent = round1["refine"]["around"]
     assert incumbent == best_trial(result.trials[:4]).parameters
     space = SearchSpace.from_batch_science(round0["search_space"])
@@ -181,6 +181,36 @@ def test_a_study_with_refine_search_adds_a_recorded_search_round_where_a_flag_fi
     assert none.refined == [] and len(none.trials) == 1
     with pytest.raises(BatchlabError, match="positive integer"):
         run_study(easy_workload, "momentum", 64, trials=1, store=store, steps=16, refine_search=0)
+
+
+def test_the_analysis_reads_a_study_search_round_with_the_study_it_refines(tmp_path, easy_workload):
+    """``batchlab study --refine-search`` at B = 64 of a curve B = 32, 64 (one settings group): the
+    search round is not a second study at B = 64, so the curve stays one unit (not one per study id),
+    with the search round analysed with the study it refines: B = 64 rests on its 4 + 4 trials and the
+    round's 1."""
+    from batchlab.analysis.steps_to_result import steps_to_result_many
+    from batchlab.analysis.tuning_flags import TuningFlag
+    from batchlab.analysis.units import find_units, unit_selection
+
+    store = Store.open(tmp_path / "s", create=True)
+    options = {"store": store, "steps": 16, "train_examples": 512, "seed": 0, "stop_at_goal": True,
+               "resolution": 0.1}
+    run_study(easy_workload, "momentum", 32, trials=2, **options)
+    base = run_study(easy_workload, "momentum", 64, trials=4, **options)
+    more = run_study(easy_workload, "momentum", 64, trials=4, refine_search=1,  # the study continued, refined
+                     flags_fn=lambda studies: [TuningFlag("one_reaching_trial", 64, "x")], **options)
+    assert base.best is not None and more.refined == [9]
+    con = store.connect()
+    try:
+        (unit,) = find_units(con)
+        round1 = [sid for sid, d in unit.definitions.items() if d.get("search_round")]
+        assert sorted(unit.batch_study) == [32, 64] and len(round1) == 1 and not unit.skipped_studies
+        refined = unit.definitions[round1[0]]["refine"]["study"]
+        assert refined in unit.study_ids and len(unit.study_ids) == 3
+        (results,) = steps_to_result_many(con, [unit_selection(con, unit)])
+    finally:
+        con.close()
+    assert {r.batch_size: r.n_trials for r in results} == {32: 2, 64: 4 + 4 + 1}
 
 
 @pytest.mark.parametrize("budget", ["0", "-2", "1.5"])

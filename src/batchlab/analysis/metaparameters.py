@@ -370,15 +370,23 @@ def best_trial_spaces(con: duckdb.DuckDBPyConnection, results: Sequence[BatchSiz
     that batch size). A batch size is left out when no readable space applies, or when the studies
     that apply have different spaces (there is no one space to check against). Unreached batch sizes
     are answered too (from their studies), so a caller can tell "no space" from "not reached".
+
+    A search round's (``--refine-search``) own space is the box around the incumbent; what was searched
+    at that batch size is the study it refines and the box together, so for a search round the space
+    is the union of the two (:func:`_searched_with_base`): each parameter from the smaller of the two
+    lower bounds to the larger of the two upper bounds (the union of the feasible points of a discrete
+    one). The base study's space is the round's recorded ``refine.space``, else the base study's own
+    ``search_space``.
     """
     if not results:
         return {}
     workloads = sorted({r.workload for r in results})
     studies = _search_spaces(con, workloads)
     trial_studies = _trial_study_ids(con, workloads)
+    bases = _search_round_bases(con, workloads, studies)
     out: dict[int, object] = {}
     for r in results:
-        spaces = [space for _, space in _spaces_of(r, studies, trial_studies)]
+        spaces = [_searched_with_base(space, bases.get(sid)) for sid, space in _spaces_of(r, studies, trial_studies)]
         if spaces and all(space == spaces[0] for space in spaces[1:]):
             out[int(r.batch_size)] = spaces[0]
     return out
@@ -456,6 +464,56 @@ def _search_spaces(con, workloads: Sequence[str]) -> dict[tuple[str, int], list[
             continue  # an unreadable search space: nothing to compare against
         out.setdefault((workload, int(batch_size)), []).append((sid, space))
     return out
+
+
+def _search_round_bases(con, workloads: Sequence[str], studies: dict) -> dict[str, object]:
+    """``{study_id: SearchSpace}``: for each search round (``--refine-search``) in the studies view, the
+    space of the study it refines (its ``refine.space``, else that study's ``search_space`` in
+    ``studies``, :func:`_search_spaces`); a round with neither readable is left out."""
+    from batchlab.analysis.selection import is_search_round, refined_study_id
+    from batchlab.search import SearchSpace
+
+    if not {"study_id", "definition"} <= set(view_columns(con, "studies")):
+        return {}
+    rows = con.execute("SELECT DISTINCT study_id, definition FROM studies WHERE list_contains(?, workload) "
+                       "AND definition IS NOT NULL", [list(workloads)]).fetchall()
+    own = {sid: space for pairs in studies.values() for sid, space in pairs if sid is not None}
+    out: dict[str, object] = {}
+    for sid, text in rows:
+        try:
+            definition = json.loads(text)
+            if not isinstance(definition, dict) or not is_search_round(definition):
+                continue
+            refine = definition.get("refine") if isinstance(definition.get("refine"), dict) else {}
+            base = (SearchSpace.from_batch_science(refine["space"]) if refine.get("space")
+                    else own.get(refined_study_id(definition)))
+        except (TypeError, ValueError, BatchlabError):
+            continue
+        if base is not None:
+            out[str(sid)] = base
+    return out
+
+
+def _searched_with_base(space, base):
+    """``space`` (a search round's box) joined with ``base`` (the space of the study it refines), per
+    parameter of ``base``: bounds the smaller lower and the larger upper one, feasible points the union;
+    ``space`` itself when ``base`` is None."""
+    from batchlab.search import SearchSpace
+
+    if base is None:
+        return space
+    box = space.to_batch_science()
+    joined = {}
+    for name, config in base.to_batch_science().items():
+        config, other = dict(config), box.get(name) or {}
+        if "min_value" in config and "min_value" in other:
+            config["min_value"] = min(config["min_value"], other["min_value"])
+            config["max_value"] = max(config["max_value"], other["max_value"])
+        elif "feasible_points" in config and "feasible_points" in other:
+            points = list(config["feasible_points"])
+            config["feasible_points"] = points + [p for p in other["feasible_points"] if p not in points]
+        joined[name] = config
+    return SearchSpace.from_batch_science(joined)
 
 
 def _trial_study_ids(con, workloads: Sequence[str]) -> dict[tuple[str, int, int], str]:

@@ -336,11 +336,14 @@ def check_study_rules(con: duckdb.DuckDBPyConnection, selection: Selection, per_
 
 
 def _one_study_with_its_search_rounds(ids, definitions: dict[str, dict]) -> bool:
-    """Whether ``ids`` are one study and search rounds of it (``--refine-search``: the same study,
-    searched further; docs/methods.md, "Refined search"), which is one study, not a mix."""
+    """Whether ``ids`` are one study and at most one search round of it (``--refine-search``:
+    ``search_round = 1`` refining that study, the same study searched further; docs/methods.md,
+    "Refined search"), which is one study, not a mix. Two search rounds of one study (a store written
+    before refine decisions were sticky) are a mix."""
     base = [i for i in ids if not is_search_round(definitions.get(str(i), {}))]
-    return len(base) == 1 and all(refined_study_id(definitions.get(str(i), {})) == str(base[0])
-                                  for i in ids if i != base[0])
+    rounds = [definitions.get(str(i), {}) for i in ids if i not in base]
+    return (len(base) == 1 and len(rounds) <= 1
+            and all(d.get("search_round") == 1 and refined_study_id(d) == str(base[0]) for d in rounds))
 
 
 def trial_first_steps(con: duckdb.DuckDBPyConnection, selection: Selection) -> "pandas.DataFrame":  # noqa: F821

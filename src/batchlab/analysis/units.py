@@ -14,7 +14,10 @@ figures use only the trials of the group's analysed studies. Different settings 
   ``train_examples``, evaluation rule, stop rule, device, race and batch order (everything but the
   batch size, the step budget, the search space and the seed). A settings group with at most one
   study at each batch size is one unit; one with two or more studies at a batch size is split into
-  one unit per study id.
+  one unit per study id. Search rounds are not counted as studies here.
+* A **search round** (``--refine-search``: ``search_round = 1`` and ``refine.study``) is analysed with
+  the study it refines, in that study's unit: at most one per study (the smallest study id when a
+  store holds several); any other is skipped, with the reason.
 * A store written before study ids existed: one unit per workload with every trial.
 
 :func:`restricted` makes the connection's ``trials`` and ``studies`` views show one unit's studies
@@ -47,10 +50,12 @@ class Unit:
         group: a short id of the study group (``sweep <id>``, ``studies <hash>``, ``study <id>``,
             ``all trials``); units of one base workload with equal ``group`` are compared.
         rule: how the group was formed, in words (shown on the page).
-        study_ids: the analysed studies (one per batch size).
+        study_ids: the analysed studies: one per batch size (:attr:`batch_study`), plus at most one
+            search round (``--refine-search``) of each, analysed with the study it refines.
         definitions: ``{study_id: definition}`` of the analysed studies.
-        batch_study: ``{batch_size: study_id}`` of the analysed studies.
-        skipped_studies: ``{study_id: why}``: studies of the group not analysed (earlier budget rounds).
+        batch_study: ``{batch_size: study_id}`` of the analysed studies (not their search rounds).
+        skipped_studies: ``{study_id: why}``: studies of the group not analysed (earlier budget rounds,
+            search rounds of a study not analysed, a second search round of a study).
     """
 
     workload: str
@@ -144,36 +149,60 @@ def find_units(con: duckdb.DuckDBPyConnection) -> list[Unit]:
                     unit.skipped_studies[sid] = (f"B={b}: budget round {d.get('budget_round') or 0} "
                                                  f"(a later round, {studies[last[b]][1].get('budget_round')}, is analysed)")
             # a search round (--refine-search) is analysed with the study it refines: the same study, searched further
-            refining = []
-            for sid in rounds:
-                b, d = studies[sid]
-                if last.get(b) is not None and refined_study_id(d) == last[b]:
-                    refining.append(sid)
-                else:
-                    unit.skipped_studies[sid] = (f"B={b}: search round {d.get('search_round')} of a study that is not "
-                                                 "analysed here")
+            refining = _attach_search_rounds(unit, rounds, set(last.values()), studies)
             _fill(unit, {sid: studies[sid] for sid in [*last.values(), *refining]})
             unit.batch_study = dict(sorted((b, sid) for b, sid in last.items()))
             units.append(unit)
         for key, sids in sorted(others.items()):
+            # search rounds (--refine-search) are not studies of their own: each joins the study it refines
+            rounds = [sid for sid in sids if is_search_round(studies[sid][1])]
+            bases = [sid for sid in sids if sid not in rounds]
             per_batch: dict[int, list[str]] = {}
-            for sid in sids:
+            for sid in bases:
                 per_batch.setdefault(studies[sid][0], []).append(sid)
             if all(len(v) == 1 for v in per_batch.values()):
                 source = studies[sids[0]][1].get("source") or "unknown source"
                 unit = Unit(workload, f"studies {_short_hash(key)}",
-                            f"{len(sids)} {source} stud{'y' if len(sids) == 1 else 'ies'} with the same settings, "
-                            "one per batch size", ())
-                _fill(unit, {sid: studies[sid] for sid in sids})
+                            f"{len(bases)} {source} stud{'y' if len(bases) == 1 else 'ies'} with the same settings, "
+                            "one per batch size" + (" (with their search rounds)" if rounds else ""), ())
+                refining = _attach_search_rounds(unit, rounds, set(bases), studies)
+                _fill(unit, {sid: studies[sid] for sid in [*bases, *refining]})
+                unit.batch_study = dict(sorted((studies[sid][0], sid) for sid in bases))
                 units.append(unit)
             else:
-                for sid in sorted(sids):
+                for sid in sorted(bases):
                     unit = Unit(workload, f"study {sid}",
                                 "one study definition (its settings group has several studies at one batch size, "
                                 "so each study is a unit of its own)", ())
-                    _fill(unit, {sid: studies[sid]})
+                    refining = _attach_search_rounds(unit, [r for r in rounds if refined_study_id(studies[r][1]) == sid],
+                                                     {sid}, studies)
+                    _fill(unit, {s: studies[s] for s in [sid, *refining]})
+                    unit.batch_study = {studies[sid][0]: sid}
                     units.append(unit)
     return units
+
+
+def _attach_search_rounds(unit: Unit, rounds: list[str], analysed: set[str],
+                          studies: dict[str, tuple[int, dict]]) -> list[str]:
+    """The search rounds of ``rounds`` analysed with ``unit``: at most one per analysed study of
+    ``analysed`` it refines (``refine.study``), ``search_round = 1``, the smallest study id when a store
+    holds several (written before refine decisions were sticky). The others go to
+    ``unit.skipped_studies`` with the reason."""
+    taken: dict[str, str] = {}
+    for sid in sorted(rounds):
+        b, d = studies[sid]
+        base = refined_study_id(d)
+        if base not in analysed:
+            unit.skipped_studies[sid] = (f"B={b}: search round {d.get('search_round')} of a study that is not "
+                                         "analysed here")
+        elif d.get("search_round") != 1:
+            unit.skipped_studies[sid] = f"B={b}: search round {d.get('search_round')} (a study has only round 1)"
+        elif base in taken:
+            unit.skipped_studies[sid] = (f"B={b}: another search round of study {base} ({taken[base]}) is analysed "
+                                         "(at most one per study)")
+        else:
+            taken[base] = sid
+    return sorted(taken.values())
 
 
 def _fill(unit: Unit, studies: dict[str, tuple[int, dict]]) -> None:

@@ -138,13 +138,14 @@ class SweepConfig(BaseModel):
     @field_validator("refine_search", mode="before")
     @classmethod
     def _refine_budget(cls, value: Any) -> Any:
-        """A positive integer (extra trials per flagged study), or absent: no refined search."""
+        """A positive integer (extra trials per flagged study, at most MAX_TRIALS_PER_STUDY), or absent:
+        no refined search."""
         if value is None:
             return value
         from batchlab.sweep.refine import refine_budget
 
         try:
-            return refine_budget(value)
+            return refine_budget(value, "the refine budget")
         except BatchlabError as exc:
             raise ValueError(str(exc)) from None
 

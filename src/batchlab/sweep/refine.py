@@ -13,20 +13,26 @@ and a best trial (the *incumbent*), plans one further *search round* of that stu
   range, except that a parameter a ``search_edge`` flag names extends past the range's edge;
 * the same budget, evaluation and stop rule as the round it refines; its trials get seeds of their own;
 * a study definition of its own, recording ``search_round`` and the decision ``refine`` (incumbent,
-  flags, half width, the parameters extended, the space refined and the refined round's study id), so
-  its trials get their own keys and id block, like a grown budget round. The budget is not part of it:
-  a larger ``BUDGET`` later extends the same round (its points are index-addressed).
+  half width, the parameters extended, the space refined and the refined round's study id), so its
+  trials get their own keys and id block, like a grown budget round. Neither the budget nor the flags
+  are part of it: a larger ``BUDGET`` later extends the same round (its points are index-addressed),
+  and the flags behind the decision are recorded outside it (the summary's ``refined``, the
+  ``search_refined`` event), so the same round is the same study whichever flags fire.
 
-The decision rests only on rounds that are final before refining starts, so a resumed sweep re-derives
-the same refine rounds (the same definitions, hence keys) and skips their published trials. The
-table then analyses all rounds of a study together (the refined round and its search rounds: one
-batch size, several study definitions, pooled on purpose). A search round is never refined again.
+Decisions are sticky: a study with a stored search round (:func:`stored_search_rounds`) is never
+decided again. That round is re-planned from its stored definition (its box is its ``search_space``,
+its points the same sequence), so a part of the sweep then the whole, more trials or a grown round
+never duplicate it; rounds are decided only for studies that have none. The decision rests only on
+rounds that are final before refining starts, so a resumed sweep re-derives the same refine rounds
+(the same definitions, hence keys) and skips their published trials. The table then analyses a study
+with its search round together (one batch size, two study definitions, pooled on purpose); a study
+has at most one search round (``search_round = 1``), which is never refined again.
 """
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -41,19 +47,20 @@ HALF_WIDTH = 0.25
 REFINING_FLAGS = ("better_than_perfect_scaling", "shared_grid_point", "one_reaching_trial", "search_edge")
 
 
-def refine_budget(value: Any) -> int:
-    """``value`` as a refine budget: extra trials per flagged study, a positive integer (a string of
-    digits from the command line is read as one). BatchlabError (one line) otherwise."""
-    text = value.strip() if isinstance(value, str) else value
-    if isinstance(text, str) and text.lstrip("+").isdigit():
-        text = int(text)
-    if isinstance(text, bool) or not isinstance(text, numbers.Integral) or text < 1:
-        raise BatchlabError(f"--refine-search BUDGET must be a positive integer (more trials per flagged study), "
-                            f"got {value!r:.40}")
+def refine_budget(value: Any, what: str = "--refine-search BUDGET") -> int:
+    """``value`` as a refine budget: extra trials per flagged study, an integer from 1 to
+    :data:`~batchlab.sweep.config.MAX_TRIALS_PER_STUDY` (a string of ASCII digits, from the command
+    line, is read as one). BatchlabError (one line naming ``what`` and the allowed values) otherwise."""
     from batchlab.sweep.config import MAX_TRIALS_PER_STUDY
 
-    if text > MAX_TRIALS_PER_STUDY:
-        raise BatchlabError(f"--refine-search BUDGET must be at most {MAX_TRIALS_PER_STUDY} (one id block), got {text}")
+    text = value.strip() if isinstance(value, str) else value
+    digits = text[1:] if isinstance(text, str) and text.startswith("+") else text
+    if isinstance(digits, str) and digits.isascii() and digits.isdigit():  # not "²": isdigit() alone takes it
+        text = int(digits)
+    if (isinstance(text, bool) or not isinstance(text, numbers.Integral) or text < 1
+            or text > MAX_TRIALS_PER_STUDY):
+        raise BatchlabError(f"{what} must be a positive integer, 1 to {MAX_TRIALS_PER_STUDY} (more trials per "
+                            f"flagged study; at most one id block), got {value!r:.40}")
     return int(text)
 
 
@@ -63,53 +70,126 @@ def refined_study(study: StudyPlan, incumbent: dict, flags: Sequence[Any], budge
     ``budget`` points in :meth:`~batchlab.search.SearchSpace.box` of the space ``study`` searched
     (with its step-counted ranges as the round ran them), extended past the edges that ``search_edge``
     flags name. The id block (``first_trial_id``) is the caller's to give."""
+    searched = study.stretched_search_space
+    box, points, decision = refine_box(searched, study.optimizer, incumbent, flags, budget, _round_seed(study),
+                                       half_width)
+    decision["study"] = study.digest
+    return _search_round(study, box.to_batch_science(), points, decision)
+
+
+def replanned_study(study: StudyPlan, definition: dict, budget: int) -> StudyPlan:
+    """Search round 1 of ``study`` re-planned from its stored study ``definition`` (a sticky decision):
+    its box is the definition's ``search_space``, its ``refine`` decision the stored one, its points the
+    first ``budget`` of the same sequence (:func:`refined_study`'s), so the plan has the stored study id."""
+    from batchlab.search import SearchSpace
+
+    box = SearchSpace.from_batch_science(definition["search_space"])
+    points = box.sample(int(budget), seed=_round_seed(study))
+    return _search_round(study, dict(definition["search_space"]), points, dict(definition["refine"]))
+
+
+def _round_seed(study: StudyPlan) -> int:
+    """The seed of the points of ``study``'s search round 1 (:func:`batchlab.search.study_points_seed`)."""
     from batchlab.search import study_points_seed
 
-    searched = study.stretched_search_space
-    seed = study_points_seed(study.seed, study.workload_name or study.workload, study.optimizer, study.batch_size, 1)
-    box, points, decision = refine_box(searched, study.optimizer, incumbent, flags, budget, seed, half_width)
-    decision["study"] = study.digest
-    return replace(study, search_round=1, trials=int(budget), points=tuple(points), search_space=box.to_batch_science(),
+    return study_points_seed(study.seed, study.workload_name or study.workload, study.optimizer, study.batch_size, 1)
+
+
+def _search_round(study: StudyPlan, box: dict, points: Sequence[dict], decision: dict) -> StudyPlan:
+    return replace(study, search_round=1, trials=len(points), points=tuple(points), search_space=box,
                    steps=study.steps, base_steps=study.steps, refine=decision)
+
+
+def stored_search_rounds(con, reported: Sequence[StudyPlan], budget: int | None) -> list[StudyPlan]:
+    """The stored search rounds of the ``reported`` rounds, re-planned (:func:`replanned_study`): for each
+    reported study (not itself a search round), the stored study definition with ``search_round = 1``
+    and ``refine.study`` its study id (the smallest such id when a store written before decisions were
+    sticky holds several; the analysis takes the same one, :func:`batchlab.analysis.units.find_units`),
+    planned with ``budget`` points, or, with ``budget`` None, with as many points as it has stored
+    trials. A definition whose re-plan does not give its own study id is left out.
+
+    ``con``: a connection to the whole store (its ``studies`` and ``trials`` views unrestricted)."""
+    import json
+
+    from batchlab.analysis.selection import refined_study_id
+    from batchlab.analysis.tables import view_columns
+
+    bases = {s.digest: s for s in reported if not s.search_round}
+    if not bases or not {"study_id", "definition"} <= set(view_columns(con, "studies")):
+        return []
+    rows = con.execute(
+        "SELECT s.study_id, any_value(s.definition), (SELECT count(*) FROM trials t WHERE t.study_id = s.study_id) "
+        "FROM studies s WHERE s.definition IS NOT NULL GROUP BY s.study_id ORDER BY s.study_id").fetchall()
+    found: dict[str, StudyPlan] = {}
+    for sid, text, n_trials in rows:
+        try:
+            definition = json.loads(text)
+        except (TypeError, ValueError):
+            continue
+        if not isinstance(definition, dict) or definition.get("search_round") != 1:
+            continue
+        base = bases.get(refined_study_id(definition) or "")
+        if base is None or base.digest in found or not n_trials:
+            continue
+        try:
+            plan = replanned_study(base, definition, budget if budget is not None else int(n_trials))
+        except (BatchlabError, KeyError, TypeError, ValueError):
+            continue
+        if plan.digest == sid:
+            found[base.digest] = plan
+    return list(found.values())
 
 
 def refine_box(searched: dict, optimizer: str, incumbent: dict, flags: Sequence[Any], count: int, seed: int,
                half_width: float = HALF_WIDTH, start: int = 0):
     """``(box, points, decision)`` of a search round: the :class:`~batchlab.search.SearchSpace` box
     around ``incumbent`` in the space ``searched`` (batch_science form), extended past the edges that
-    ``search_edge`` ``flags`` name unless ``optimizer`` refuses an extended point (then clipped), its
-    points ``start`` to ``start + count`` for ``seed``, and the decision to record (``around``,
-    ``flags``, ``half_width``, ``extended``, ``space``)."""
-    from batchlab.optim.hyperparameters import resolve_hyperparameters
+    ``search_edge`` ``flags`` name unless ``optimizer`` refuses a bound of the extended box
+    (:func:`_bounds_accepted`; then clipped: the box's bounds decide, never its points or ``count``),
+    its points ``start`` to ``start + count`` for ``seed``, and the decision to record in the study
+    definition (``around``, ``half_width``, ``extended``, ``space``; not the flags, which are recorded
+    outside it)."""
     from batchlab.search import SearchSpace
 
     space = SearchSpace.from_batch_science(searched)
-    edges = sorted({p for f in flags if f.kind == "search_edge" for p in f.parameters})
-    for extend in (edges, []):  # extended points the optimizer refuses: the clipped box instead
-        box = space.box(incumbent, half_width, extend=extend)
-        points = box.sample(start + count, seed=seed)[start:]
-        try:
-            for point in points:
-                resolve_hyperparameters(optimizer, point)
-        except BatchlabError:
-            continue
-        break
-    else:  # pragma: no cover - the clipped box lies inside a space whose points were all checked
-        raise BatchlabError(f"no valid refine points around {incumbent}")
-    decision = {"around": dict(incumbent), "flags": sorted({f.kind for f in flags}), "half_width": float(half_width),
-                "extended": list(extend), "space": dict(searched)}
+    extend = sorted({p for f in flags if f.kind == "search_edge" for p in f.parameters})
+    box = space.box(incumbent, half_width, extend=extend)
+    if extend and not _bounds_accepted(box, optimizer, incumbent, extend):
+        extend, box = [], space.box(incumbent, half_width)  # the optimizer refuses an extended bound: clipped
+    points = box.sample(start + count, seed=seed)[start:]
+    decision = {"around": dict(incumbent), "half_width": float(half_width), "extended": list(extend),
+                "space": dict(searched)}
     return box, points, decision
 
 
+def _bounds_accepted(box, optimizer: str, incumbent: dict, names: Sequence[str]) -> bool:
+    """Whether ``optimizer`` accepts ``incumbent`` with each parameter of ``names`` moved to either bound
+    of its range in ``box`` (the box's bounds decide an extension, whatever its points and budget)."""
+    from batchlab.optim.hyperparameters import resolve_hyperparameters
+
+    bounds = {p.name: p.to_batch_science() for p in box.parameters}
+    for name in names:
+        for bound in ("min_value", "max_value"):
+            if bound not in bounds.get(name, {}):
+                continue
+            try:
+                resolve_hyperparameters(optimizer, {**incumbent, name: bounds[name][bound]})
+            except BatchlabError:
+                return False
+    return True
+
+
 def refine_studies(con, reported: Sequence[StudyPlan], goal_of: Callable[[StudyPlan], float], budget: int,
-                   flags_fn: Callable | None = None) -> tuple[list[StudyPlan], list[dict]]:
+                   flags_fn: Callable | None = None, decided: Collection[str] = ()) -> tuple[list[StudyPlan], list[dict]]:
     """The search rounds to add, and the flags behind them (JSON-ready), for the ``reported`` rounds
     (one per workload and batch size; ``con``'s ``trials`` view shows exactly their trials).
 
     ``flags_fn(studies) -> list[TuningFlag]`` (default :func:`batchlab.analysis.tuning_flags.tuning_flags`)
     reads one curve's :class:`~batchlab.analysis.tuning_flags.StudyTuning` list. A batch size is refined
-    when a flag of :data:`REFINING_FLAGS` names it and it has a best trial; search rounds are never
-    refined again.
+    when a flag of :data:`REFINING_FLAGS` names it and it has a best trial, unless its study id is in
+    ``decided`` (it has a search round already: sticky, :func:`stored_search_rounds`); search rounds
+    are never refined again. The flags behind a round are those of ``fired`` at its workload and
+    batch size (:func:`flag_kinds`).
     """
     from batchlab.analysis.selection import Selection
     from batchlab.analysis.steps_to_result import steps_to_result_many
@@ -132,6 +212,12 @@ def refine_studies(con, reported: Sequence[StudyPlan], goal_of: Callable[[StudyP
         best = {r.batch_size: r.parameters for r in results if r.reached and r.parameters}
         for study in sorted(studies, key=lambda s: s.batch_size):
             mine = [f for f in flags if f.batch_size == study.batch_size]
-            if mine and study.batch_size in best:
+            if mine and study.batch_size in best and study.digest not in decided:
                 added.append(refined_study(study, best[study.batch_size], mine, budget))
     return added, fired
+
+
+def flag_kinds(fired: Sequence[dict], study: StudyPlan) -> list[str]:
+    """The kinds of the ``fired`` flags (:func:`refine_studies`) at ``study``'s workload and batch size, sorted."""
+    return sorted({f["kind"] for f in fired
+                   if f.get("workload") == study.store_workload and f.get("batch_size") == study.batch_size})

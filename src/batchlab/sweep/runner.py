@@ -331,7 +331,7 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
     progress: dict[tuple[str, int], StudyProgress] = {}
     round_state: dict[tuple[str, int, int, int], dict] = {}  # per study round: pending keys, outcomes
     open_rounds: set[tuple[str, int, int, int]] = set()  # rounds with trials still to publish
-    refining = {"started": not config.refine_search, "flags": [], "rounds": []}
+    refining = {"started": False, "flags": [], "rounds": [], "shown": []}
     counters = {"run": 0, "skipped": 0, "lost": 0, "others": 0}
     grown: list[dict] = []
 
@@ -416,33 +416,46 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
             refine()
 
     def refine() -> None:
-        """Once, when every round has finished: plan and submit the search rounds the tuning flags ask
-        for (:mod:`batchlab.sweep.refine`), decided from the finished rounds only."""
+        """Once, when every round has finished: the search rounds of :mod:`batchlab.sweep.refine`. The
+        stored search rounds of the reported rounds first, re-planned from their stored definitions
+        (sticky decisions; with ``config.refine_search`` continued to that budget, else only shown in
+        the table); then, with ``config.refine_search``, new rounds for the flagged studies that have
+        none, decided from the finished rounds only."""
         if refining["started"]:
             return
         refining["started"] = True
-        from batchlab.sweep.refine import refine_studies
+        from batchlab.sweep.refine import flag_kinds, refine_studies, stored_search_rounds
 
         reported = reported_rounds([state["study"] for state in round_state.values()])
         con = store.connect()
         try:
-            _restrict_to_sweep(con, [t.key for s in reported for t in s.trial_plans()], [s.digest for s in reported])
-            added, refining["flags"] = refine_studies(con, reported, lambda s: analysis_goal(config, s),
-                                                      config.refine_search, flags_fn)
+            stored = stored_search_rounds(con, reported, config.refine_search)
+            added = []
+            if config.refine_search:
+                _restrict_to_sweep(con, [t.key for s in reported for t in s.trial_plans()],
+                                   [s.digest for s in reported])
+                added, refining["flags"] = refine_studies(con, reported, lambda s: analysis_goal(config, s),
+                                                          config.refine_search, flags_fn,
+                                                          decided={s.refine["study"] for s in stored})
         finally:
             con.close()
-        if not added:
+        if not stored and not added:
             return
-        firsts = _allocate_ids(plan.store_path, added, plan.first_ids)
-        for new in added:
+        firsts = _allocate_ids(plan.store_path, [*stored, *added], plan.first_ids)
+        # kinds None: a stored round (decided by an earlier run; its flags are that run's record)
+        for new, kinds in [*((s, None) for s in stored), *((s, flag_kinds(refining["flags"], s)) for s in added)]:
             new = replace(new, first_trial_id=firsts[(new.store_workload, new.batch_size, new.budget_round)])
-            progress[study_id(new)].total += new.trials
             refining["rounds"].append({"workload": new.store_workload, "batch_size": new.batch_size,
                                        "search_round": new.search_round, "trials": new.trials,
-                                       "flags": new.refine["flags"], "around": new.refine["around"],
-                                       "study_id": new.digest})
+                                       "flags": kinds, "decided": "stored" if kinds is None else "now",
+                                       "around": new.refine["around"], "study_id": new.digest})
+            if not config.refine_search:  # shown in the table with its stored trials, nothing run
+                refining["shown"].append(new)
+                continue
+            progress[study_id(new)].total += new.trials
             count_finished(new)
-            reporter.search_refined(new)
+            if kinds is not None:
+                reporter.search_refined(_Announced(new, kinds))
             submit_round(new)
 
     def grow(study: StudyPlan) -> None:
@@ -544,12 +557,23 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
     else:
         executor.close()
 
-    used = [state["study"] for state in round_state.values()]
+    used = [state["study"] for state in round_state.values()] + refining["shown"]
     summary = summarize(store, plan, time.perf_counter() - started, counters, grown, executor.kind, executor.workers,
                         used)
     summary.tuning_flags, summary.refined = refining["flags"], refining["rounds"]
     reporter.finish(summary)
     return summary
+
+
+class _Announced:
+    """A search round as :meth:`Reporter.search_refined` reads it: the round, with the kinds of the flags
+    behind it under ``refine["flags"]`` (recorded outside its hashed definition)."""
+
+    def __init__(self, study: StudyPlan, flags: list[str]):
+        self._study, self.refine = study, {**study.refine, "flags": list(flags)}
+
+    def __getattr__(self, name: str):
+        return getattr(self._study, name)
 
 
 def _diverged_keys(store, keys: list[str] | None = None) -> set[str]:

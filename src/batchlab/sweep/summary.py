@@ -51,9 +51,11 @@ class SweepSummary:
     statuses: dict[str, dict[int, dict[str, int]]] = field(default_factory=dict)
     # trials of the sweep that other drivers ran and published while this one ran (sweep.claims)
     trials_by_others: int = 0
-    # --refine-search: the tuning flags of the reported rounds ({"workload", **TuningFlag.to_dict()}) and
-    # the search rounds added ({"workload", "batch_size", "search_round", "trials", "flags", "around",
-    # "study_id"}); both empty without it
+    # --refine-search: the tuning flags of the reported rounds ({"workload", **TuningFlag.to_dict()}; empty
+    # without it) and the search rounds of the reported rounds ({"workload", "batch_size", "search_round",
+    # "trials", "flags", "decided", "around", "study_id"}): "decided" "now" (this run decided it; "flags":
+    # the kinds behind it) or "stored" (re-planned from its stored definition, also without --refine-search;
+    # "flags" None: the flags are the deciding run's record, not part of the study definition)
     tuning_flags: list[dict] = field(default_factory=list)
     refined: list[dict] = field(default_factory=list)
 
@@ -69,8 +71,9 @@ def summarize(store, plan: SweepPlan, wall_time_s: float, counters: dict, grown:
 
     ``studies``: the study rounds the sweep ran (default: round 0 of every study). At each batch size
     the last round run (the largest budget; round 0 unless the budget grew) is reported: only its
-    planned trials, and those of its refined search rounds (``--refine-search``, the same budget: all
-    rounds of a study are its trials, pooled on purpose), enter the table (analysis.steps_to_result
+    planned trials, and those of its refined search round (``--refine-search``, the same budget: a
+    study and its search round are its trials, pooled on purpose; a stored search round is shown
+    whether or not ``--refine-search`` is given this time), enter the table (analysis.steps_to_result
     over a view of the store restricted to their trial keys), so every row rests on one study
     definition and its search rounds, and trials of other sweeps,
     ``batchlab train`` runs or imports at the same workload and batch size never enter. Statuses
@@ -85,7 +88,6 @@ def summarize(store, plan: SweepPlan, wall_time_s: float, counters: dict, grown:
     analysed = [s for s in studies if reported[(s.store_workload, s.batch_size)] is s
                 or (s.search_round and s.refine.get("study") == reported[(s.store_workload, s.batch_size)].digest)]
     keys = [t.key for s in analysed for t in s.trial_plans()]
-    refined = any(s.search_round for s in analysed)
     per_study: dict[str, dict[int, list[dict]]] = {}
     for s in sorted(studies, key=lambda s: (s.batch_size, s.budget_round, s.search_round)):
         per_study.setdefault(s.store_workload, {}).setdefault(s.batch_size, []).append(
@@ -111,12 +113,12 @@ def summarize(store, plan: SweepPlan, wall_time_s: float, counters: dict, grown:
             goal = analysis_goal(plan.config, study)
             goals[study.store_workload] = {"metric": study.metric, "goal": goal, "maximize": study.maximize}
             rows = steps_to_result(con, study.store_workload, study.metric, goal, maximize=study.maximize,
-                                   statuses=statuses, mix_studies=refined)
+                                   statuses=statuses)
             wanted = set(plan.config.batch_sizes)
             rows = [r for r in rows if r.batch_size in wanted]
             results[study.store_workload] = rows
             try:
-                fits[study.store_workload] = _fit_summary(con, study, goal, rows, statuses, refined)
+                fits[study.store_workload] = _fit_summary(con, study, goal, rows, statuses)
             except BatchlabError as exc:
                 fits[study.store_workload] = None
                 errors[study.store_workload] = str(exc)
@@ -153,17 +155,17 @@ def _restrict_to_sweep(con, keys: list[str], study_ids: list[str]) -> None:
                     "(SELECT DISTINCT workload, batch_size FROM trials) USING (workload, batch_size)")
 
 
-def _fit_summary(con, study: StudyPlan, goal: float, rows: list, statuses: tuple[str, ...],
-                 mix_studies: bool = False) -> dict:
+def _fit_summary(con, study: StudyPlan, goal: float, rows: list, statuses: tuple[str, ...]) -> dict:
     """The S(B) fit of the sweep's rows: the censored, bracket-weighted fit, data-read regimes and
-    intervals with their targets (analysis.bootstrap.critical_batch_size_with_intervals);
-    ``mix_studies``: a batch size's trials span a study and its refined search rounds."""
+    intervals with their targets (analysis.bootstrap.critical_batch_size_with_intervals). A batch
+    size's trials are one study, or one study and its search round (which the analysis's one-study
+    rule accepts), never a mix."""
     from batchlab.analysis.bootstrap import critical_batch_size_with_intervals
     from batchlab.analysis.selection import Selection
 
     censored = [r.batch_size for r in rows if r.steps is None and r.censored_at is not None]
     selection = Selection(workload=study.store_workload, metric=study.metric, goal=goal,
-                          maximize=study.maximize, statuses=statuses, mix_studies=mix_studies)
+                          maximize=study.maximize, statuses=statuses)
     out = critical_batch_size_with_intervals(con, selection, n_boot=SUMMARY_BOOT, seed=0).to_dict()
     out.setdefault("censored_batch_sizes", censored)
     return out

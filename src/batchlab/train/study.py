@@ -80,11 +80,6 @@ class StudyResult:
         """The trial with the fewest steps to the goal, or ``None`` if no trial reached it."""
         return best_trial(self.trials)
 
-    @property
-    def best_final(self) -> TrialResult | None:
-        """The trial with the best final goal metric (for studies where none reached the goal)."""
-        return best_final_trial(self.trials)
-
 
 def best_trial(trials: list[TrialResult]) -> TrialResult | None:
     """The COMPLETE or STOPPED_AT_GOAL trial with the fewest steps to the goal, ties to the lower trial
