@@ -15,10 +15,9 @@ from batchlab.probes.scoring import (
     read_measured,
     read_measured_csv,
     score_estimates,
-    score_files,
     score_records,
 )
-from batchlab.report.predictions import read_predictions
+from batchlab.report.predictions import read_predictions, score_files
 
 UNIT_A = "synthetic/net/sgd [sweep aaaaaaaaaaaa]"
 UNIT_B = "synthetic/net/sgd [sweep bbbbbbbbbbbb]"

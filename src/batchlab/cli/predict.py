@@ -156,7 +156,8 @@ def _table(result: dict) -> None:
 def _score(files: list[str], measured: list[str], refs: list[str], level: float, json_output: bool) -> None:
     """``--score``: the score table (:mod:`batchlab.probes.scoring`), or one JSON object per predictor and
     baseline row (:meth:`Scoreboard.row_dicts`: a predictor's with ``baselines_on_these_units``) with ``--json``."""
-    from batchlab.probes.scoring import SCORE_COLUMNS, SCORE_NOTE, score_files, score_table_rows
+    from batchlab.probes.scoring import SCORE_COLUMNS, SCORE_NOTE, score_table_rows
+    from batchlab.report.predictions import score_files
 
     board = score_files(files, measured, workload_refs=refs, level=level)
     if json_output:

@@ -409,7 +409,7 @@ def predict(workload: Any, optimizer: str, *, store=None, unit_id: str | None = 
     else:
         predictors.append(_predictor("branched", None, note="skipped (--no-branched)"))
 
-    from batchlab.probes.scoring import classify
+    from batchlab.probes.readings import classify
 
     rows = []
     for p in predictors:

@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from batchlab.errors import BatchlabError
+from batchlab.probes.readings import LOWER, NONE, POINT, UPPER, Estimate, _finite, classify  # noqa: F401 (re-exported)
 
 __all__ = ["BASELINES", "CONSISTENT_WIDENING", "WITHIN", "Estimate", "MeasuredUnit", "PredictorScore", "Scoreboard",
            "UnitScore", "classify", "protocol_step", "read_measured", "read_measured_csv", "read_measured_refit",
@@ -56,34 +57,6 @@ WITHIN = 2.0
 CONSISTENT_WIDENING = 2.0
 #: The naive baselines, in the order reported.
 BASELINES = ("baseline: default batch size", "baseline: swept geometric mean")
-POINT, LOWER, UPPER, NONE = "point", "lower_bound", "upper_bound", "none"
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """One prediction read under the protocol: ``kind`` ``point``, ``lower_bound``, ``upper_bound`` or
-    ``none``; ``value``: the point or the bound (examples; None for ``none``)."""
-
-    kind: str
-    value: float | None
-
-
-def _finite(x) -> float | None:
-    return None if x is None or not math.isfinite(float(x)) else float(x)
-
-
-def classify(value, low, high, has_interval: bool = True) -> Estimate:
-    """The protocol's reading of a predicted ``value`` with interval ``[low, high]`` (None or non-finite:
-    unbounded or missing). ``has_interval``: whether the prediction came with an interval at all
-    (without one, missing ends mean "no interval" and a value is a point)."""
-    value, low, high = _finite(value), _finite(low), _finite(high)
-    if not has_interval or (low is not None and high is not None):
-        return Estimate(POINT, value) if value is not None and value > 0 else Estimate(NONE, None)
-    if low is not None and low > 0:  # a lower bound of 0 (or below) says nothing about a batch size
-        return Estimate(LOWER, low)
-    if high is not None and high > 0:
-        return Estimate(UPPER, high)
-    return Estimate(NONE, None)
 
 
 @dataclass(frozen=True)
@@ -575,29 +548,6 @@ def score_records(records, measured: Mapping[str, MeasuredUnit], *, workload_ref
 def _geometric_mean_range(batch_sizes: Sequence[float]) -> float | None:
     """``sqrt(min * max)`` of the swept batch sizes; None without any."""
     return math.sqrt(min(batch_sizes) * max(batch_sizes)) if batch_sizes else None
-
-
-def score_files(paths: Sequence, measured_paths: Sequence, *, workload_refs: Sequence[str] = (),
-                level: float = 0.9) -> Scoreboard:
-    """:func:`score_records` (``strict=True``) of prediction files (``batchlab predict --json`` lines, read
-    and checked by :func:`batchlab.report.predictions.read_predictions`) against ``--measured`` files
-    (:func:`read_measured`: report CSVs or steps-table refit ``.jsonl``).
-
-    Raises:
-        BatchlabError: no ``measured_paths``; what the readers raise; no unit scored (the reasons named).
-    """
-    from batchlab.report.predictions import read_predictions
-
-    if not measured_paths:
-        raise BatchlabError("--score needs --measured FILE (a report.csv or a steps-table refit .jsonl): the "
-                            "measured values stored in prediction files may be stale and are never scored")
-    records = read_predictions(paths, label="prediction FILE")
-    measured = read_measured(measured_paths)
-    board = score_records(records, measured, workload_refs=resolve_workload_refs(workload_refs), level=level)
-    if not board.units:
-        why = "; ".join(board.warnings) or "no prediction at the protocol checkpoint of a measured unit"
-        raise BatchlabError(f"--score scored no unit: {why}")
-    return board
 
 
 def ratio_list(score: PredictorScore) -> str:

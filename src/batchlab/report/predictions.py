@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -610,3 +611,26 @@ def _noise_part(result, noise: list[Record], entry: dict, rows: list) -> None:
            if _usable(measured) else "no measured B_crit for this unit.")
         + (f" Not drawn (no value): {', '.join(missing)}." if missing else ""),
         f"B_simple across training, {result.unit.name}", render(figure))
+
+
+def score_files(paths: Sequence, measured_paths: Sequence, *, workload_refs: Sequence[str] = (),
+                level: float = 0.9) -> scoring.Scoreboard:
+    """:func:`batchlab.probes.scoring.score_records` (``strict=True``) of prediction files (``batchlab
+    predict --json`` lines, read and checked by :func:`read_predictions`) against ``--measured`` files
+    (:func:`batchlab.probes.scoring.read_measured`: report CSVs or steps-table refit ``.jsonl``): what
+    ``batchlab predict --score`` prints.
+
+    Raises:
+        BatchlabError: no ``measured_paths``; what the readers raise; no unit scored (the reasons named).
+    """
+    if not measured_paths:
+        raise BatchlabError("--score needs --measured FILE (a report.csv or a steps-table refit .jsonl): the "
+                            "measured values stored in prediction files may be stale and are never scored")
+    records = read_predictions(paths, label="prediction FILE")
+    measured = scoring.read_measured(measured_paths)
+    board = scoring.score_records(records, measured, workload_refs=scoring.resolve_workload_refs(workload_refs),
+                                  level=level)
+    if not board.units:
+        why = "; ".join(board.warnings) or "no prediction at the protocol checkpoint of a measured unit"
+        raise BatchlabError(f"--score scored no unit: {why}")
+    return board

@@ -63,6 +63,7 @@ config files", documents every key, with ``src/batchlab/sweep/examples/mnist_fc1
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import re
 from typing import Any, Literal
@@ -142,8 +143,6 @@ class SweepConfig(BaseModel):
         no refined search."""
         if value is None:
             return value
-        from batchlab.sweep.refine import refine_budget
-
         try:
             return refine_budget(value, "the refine budget")
         except BatchlabError as exc:
@@ -407,3 +406,18 @@ def _one_line(exc: ValidationError) -> str:
     message = str(error["msg"]).replace("\n", " ")
     message = message.removeprefix("Value error, ")
     return f"field {loc!r}: {message}"
+
+
+def refine_budget(value: Any, what: str = "--refine-search BUDGET") -> int:
+    """``value`` as a refine budget: extra trials per flagged study, an integer from 1 to
+    :data:`MAX_TRIALS_PER_STUDY` (a string of ASCII digits, from the command
+    line, is read as one). BatchlabError (one line naming ``what`` and the allowed values) otherwise."""
+    text = value.strip() if isinstance(value, str) else value
+    digits = text[1:] if isinstance(text, str) and text.startswith("+") else text
+    if isinstance(digits, str) and digits.isascii() and digits.isdigit():  # not "²": isdigit() alone takes it
+        text = int(digits)
+    if (isinstance(text, bool) or not isinstance(text, numbers.Integral) or text < 1
+            or text > MAX_TRIALS_PER_STUDY):
+        raise BatchlabError(f"{what} must be a positive integer, 1 to {MAX_TRIALS_PER_STUDY} (more trials per "
+                            f"flagged study; at most one id block), got {value!r:.40}")
+    return int(text)

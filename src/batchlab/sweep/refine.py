@@ -31,12 +31,12 @@ has at most one search round (``search_round = 1``), which is never refined agai
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from typing import Any
 
 from batchlab.errors import BatchlabError
+from batchlab.sweep.config import refine_budget  # noqa: F401  (re-exported: validated with the config)
 from batchlab.sweep.plan import StudyPlan
 
 #: Half the width of the box around the incumbent, in unit coordinates of each parameter (a quarter
@@ -45,23 +45,6 @@ HALF_WIDTH = 0.25
 
 #: The flags that ask for a refined search (every kind of batchlab.analysis.tuning_flags).
 REFINING_FLAGS = ("better_than_perfect_scaling", "shared_grid_point", "one_reaching_trial", "search_edge")
-
-
-def refine_budget(value: Any, what: str = "--refine-search BUDGET") -> int:
-    """``value`` as a refine budget: extra trials per flagged study, an integer from 1 to
-    :data:`~batchlab.sweep.config.MAX_TRIALS_PER_STUDY` (a string of ASCII digits, from the command
-    line, is read as one). BatchlabError (one line naming ``what`` and the allowed values) otherwise."""
-    from batchlab.sweep.config import MAX_TRIALS_PER_STUDY
-
-    text = value.strip() if isinstance(value, str) else value
-    digits = text[1:] if isinstance(text, str) and text.startswith("+") else text
-    if isinstance(digits, str) and digits.isascii() and digits.isdigit():  # not "²": isdigit() alone takes it
-        text = int(digits)
-    if (isinstance(text, bool) or not isinstance(text, numbers.Integral) or text < 1
-            or text > MAX_TRIALS_PER_STUDY):
-        raise BatchlabError(f"{what} must be a positive integer, 1 to {MAX_TRIALS_PER_STUDY} (more trials per "
-                            f"flagged study; at most one id block), got {value!r:.40}")
-    return int(text)
 
 
 def refined_study(study: StudyPlan, incumbent: dict, flags: Sequence[Any], budget: int,
