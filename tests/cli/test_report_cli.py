@@ -55,6 +55,22 @@ def test_json_with_nqm_and_a_steps_table(capsys, store, tmp_path):
     assert 'data-figure="steps-table-published-csv"' in html and "optimizer=adam" in html
     rows = out.with_suffix(".csv").read_text()
     assert "nqm_b_crit" in rows and "steps_table" in rows
+    # the report fits a steps table as `analyze critical-batch-size --steps-table` does: the same values
+    # and 90% intervals (one code path, so equal to rounding of the CSV's text)
+    import csv as csv_module
+
+    from batchlab.analysis.steps_table import fit_steps_frame, read_steps_table
+
+    written = {r["quantity"]: r for r in csv_module.DictReader(out.with_suffix(".csv").open())
+               if r["section"] == "steps_table" and r["quantity"].endswith(": mccandlish_b_crit")}
+    fitted = fit_steps_frame(read_steps_table(table), "optimizer", label="published")
+    assert len(written) == len(fitted) == 2
+    for entry in fitted:
+        (row,) = [r for q, r in written.items() if f"optimizer={entry['group']}" in q]
+        interval = entry["intervals"]["mccandlish_b_crit"]
+        assert float(row["value"]) == pytest.approx(entry["mccandlish_b_crit"], rel=1e-9)
+        assert float(row["lower"]) == pytest.approx(interval["low"], rel=1e-9)
+        assert float(row["upper"]) == pytest.approx(interval["high"], rel=1e-9)
 
 
 @pytest.mark.parametrize("args, message", [

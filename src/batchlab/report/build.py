@@ -220,7 +220,7 @@ def build_report(store: str | Path, out: str | Path, *, nqm: bool = False, steps
         raise BatchlabError(f"no unit of store {str(store)!r} reached its goal, so there is nothing to report ({why})")
     comparisons = content.compare_units(results)
     nqm_info = content.nqm_section(results, comparisons) if nqm else None
-    table_sections = [content.steps_table_section(path, frame, group) for path, frame, group in tables_in]
+    table_sections = [content.steps_table_section(path, frame, group, level) for path, frame, group in tables_in]
     predicted = predictions_section(results, prediction_records) if prediction_records is not None else None
 
     per_workload: dict[str, int] = {}
