@@ -194,7 +194,7 @@ def test_curve_validation():
 
 def test_profiled_offset_is_the_exact_minimum_with_mixed_censoring():
     # The closed-form offset of the censored objective against a brute-force scan.
-    from batchlab.analysis.critical_batch_size import ABSENT, LOWER, POINT, UPPER, _best_offset, _penalty
+    from batchlab.analysis.hyperbola_fit import ABSENT, LOWER, POINT, UPPER, _best_offset, _penalty
 
     rng = np.random.default_rng(0)
     a = rng.normal(0, 1, (200, 7))

@@ -264,7 +264,7 @@ def test_a_poor_fit_line_names_what_is_wrong(tmp_path):
     ({"value": None, "low": None, "high": None}, {"value": 300, "low": 200, "high": 400}, "not shown"),
 ])
 def test_a_difference_is_held_only_when_the_intervals_say_so(a, b, verdict):
-    from batchlab.report.content import difference_verdict
+    from batchlab.report.comparisons import difference_verdict
 
     assert difference_verdict(a, b) == verdict == difference_verdict(b, a)
 

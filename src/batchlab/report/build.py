@@ -191,9 +191,11 @@ def build_report(store: str | Path, out: str | Path, *, nqm: bool = False, steps
     (both None without files)."""
     from batchlab import __version__
     from batchlab.report import content
+    from batchlab.report.comparisons import compare_units
     from batchlab.report.csv import csv_text
     from batchlab.report.html import page
     from batchlab.report.predictions import predictions_section, read_predictions
+    from batchlab.report.steps_tables import read_steps_tables, steps_table_section
     from batchlab.report.units import find_units
     from batchlab.store import Store
 
@@ -204,7 +206,7 @@ def build_report(store: str | Path, out: str | Path, *, nqm: bool = False, steps
         raise BatchlabError(f"--seed must be an integer >= 0, got {seed!r}")
     if not 0 < float(level) < 1:
         raise BatchlabError(f"--level must lie in (0, 1), got {level!r}")
-    tables_in = content.read_steps_tables(steps_tables)
+    tables_in = read_steps_tables(steps_tables)
     prediction_records = read_predictions(predictions) if predictions else None
     store = Path(store)
     con = Store.open(store, create=False).connect()
@@ -218,9 +220,9 @@ def build_report(store: str | Path, out: str | Path, *, nqm: bool = False, steps
     if not any(r.status == "analysed" for r in results):
         why = "; ".join(f"{r.unit.name}: {r.reason}" for r in results)
         raise BatchlabError(f"no unit of store {str(store)!r} reached its goal, so there is nothing to report ({why})")
-    comparisons = content.compare_units(results)
+    comparisons = compare_units(results)
     nqm_info = content.nqm_section(results, comparisons) if nqm else None
-    table_sections = [content.steps_table_section(path, frame, group, level) for path, frame, group in tables_in]
+    table_sections = [steps_table_section(path, frame, group, level) for path, frame, group in tables_in]
     predicted = predictions_section(results, prediction_records) if prediction_records is not None else None
 
     per_workload: dict[str, int] = {}

@@ -5,9 +5,9 @@ intervals and data-read regimes; the named critical batch sizes; the tuning flag
 without the flagged batch sizes; the optimal metaparameters and the
 scaling-rule verdict; the learning-rate/momentum scatter; the best measurement under a few step
 budgets), each figure rendered to PNG bytes in memory, each number also as a CSV row
-(:class:`Row`). :func:`compare_units` compares the optimizers of one base workload and study group,
-:func:`nqm_section` draws the NQM prediction beside the measured curves, :func:`steps_table_section`
-fits external steps tables. Nothing here writes a file.
+(:class:`Row`). :func:`nqm_section` draws the NQM prediction beside the measured curves;
+:mod:`batchlab.report.comparisons` compares the optimizers of one base workload and study group and
+:mod:`batchlab.report.steps_tables` fits external steps tables. Nothing here writes a file.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from batchlab.finite import finite_or_none
 from batchlab.analysis.curve import bracket_text
 from batchlab.errors import BatchlabError
 from batchlab.report.units import Unit, restricted, unit_examples, unit_goal
@@ -115,11 +116,11 @@ def num(value, digits: int = 3) -> str:
     return f"{float(f'{value:.{digits}g}'):g}"
 
 
-def _finite(value):
-    if value is None:
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
+def slug(text: str) -> str:
+    """``text`` as a figure id: runs of other characters than letters and digits become ``-``, lower case."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()
 
 
 def analyse_unit(con, unit: Unit, n_boot: int, level: float, seed: int) -> UnitResult:
@@ -245,15 +246,15 @@ def _fit_and_figure(con, out: UnitResult, selection, n_boot: int, level: float, 
             rows.append([d.name, d.source, num(entry["value"]),
                          "" if d.source == "data" else f"[{num(entry['low'])}, {num(entry['high'])}]",
                          note, d.definition])
-            out.rows.append(Row(name, "critical_batch_size", None, d.name, _finite(entry["value"]),
-                                _finite(entry["low"]), _finite(entry["high"]),
+            out.rows.append(Row(name, "critical_batch_size", None, d.name, finite_or_none(entry["value"]),
+                                finite_or_none(entry["low"]), finite_or_none(entry["high"]),
                                 (f"{level:.0%} profile-likelihood interval; " if d.source == "fit" else "read from data; ")
                                 + note))
         for pname, entry in summary["fit_intervals"].items():
             rows.append([pname, "fit", num(entry["value"]), f"[{num(entry['low'])}, {num(entry['high'])}]", "",
                          "fitted S_min (steps) / E_min (examples) of S(B) = S_min + E_min / B"])
-            out.rows.append(Row(name, "fit", None, pname, _finite(entry["value"]), _finite(entry["low"]),
-                                _finite(entry["high"]), f"{level:.0%} profile-likelihood interval"))
+            out.rows.append(Row(name, "fit", None, pname, finite_or_none(entry["value"]), finite_or_none(entry["low"]),
+                                finite_or_none(entry["high"]), f"{level:.0%} profile-likelihood interval"))
         measured = summary["s_min"]["measured"] or {}
         if isinstance(measured, dict) and measured.get("value") is not None:
             rows.append(["s_min measured", "data", num(measured.get("value")), "", "" if measured.get("plateau_seen")
@@ -357,8 +358,8 @@ def _flag_tables(con, out: UnitResult, selection, estimate, n_boot: int, level: 
         interval = "" if side["b_crit"] is None else f"[{_side(side['low'], '0')}, {_side(side['high'], 'inf')}]"
         table.append([label, ", ".join(map(str, side["batch_sizes"])), num(side["b_crit"]), interval,
                       side["n_points"], note])
-        out.rows.append(Row(name, "tuning_flags", None, quantity, _finite(side["b_crit"]), _finite(side["low"]),
-                            _finite(side["high"]), f"{level:.0%} interval of mccandlish_b_crit; " + (note or
+        out.rows.append(Row(name, "tuning_flags", None, quantity, finite_or_none(side["b_crit"]), finite_or_none(side["low"]),
+                            finite_or_none(side["high"]), f"{level:.0%} interval of mccandlish_b_crit; " + (note or
                             "batch sizes " + ", ".join(map(str, side["batch_sizes"])))))
     out.tables.append(Table(f"B_crit (mccandlish_b_crit, {level:.0%} intervals) with and without the flagged batch "
                             "sizes", ["fit", "batch sizes", "B_crit", "interval", "reached fitted", "note"], table))
@@ -372,9 +373,7 @@ def _flag_tables(con, out: UnitResult, selection, estimate, n_boot: int, level: 
 
 
 def _fig_id(out: UnitResult, kind: str) -> str:
-    import re
-
-    return re.sub(r"[^A-Za-z0-9]+", "-", f"{out.unit.name}-{kind}").strip("-").lower()
+    return slug(f"{out.unit.name}-{kind}")
 
 
 def _steps_table(out: UnitResult, estimate) -> Table:
@@ -553,125 +552,21 @@ def _best_measurement(con, out: UnitResult, selection) -> None:
         for j, b in enumerate(sweep.batch_sizes):
             value = sweep.best[i, j]
             out.rows.append(Row(out.key, "best_measurement", b, f"best {selection.metric} within {budget} steps",
-                                _finite(value)))
+                                finite_or_none(value)))
         rows.append([budget, *[num(v, 4) for v in sweep.best[i]]])
     out.tables.append(Table(f"Best {selection.metric} within each step budget",
                             ["step budget", *[f"B={b}" for b in sweep.batch_sizes]], rows))
 
 
-# --- comparisons, NQM, steps tables ----------------------------------------------------------------
+# --- the NQM beside the measured curves (comparisons: batchlab.report.comparisons; steps tables:
+# batchlab.report.steps_tables) --------------------------------------------------------------------
 
 
-HELD, SUGGESTIVE, NOT_SHOWN = "held", "suggestive", "not shown"
-
-
-def difference_verdict(a: dict, b: dict) -> str:
-    """Whether two critical batch sizes differ, read from their intervals (docs/methods.md, "The report",
-    **Optimizers compared**): ``held`` when the two intervals are disjoint, ``suggestive`` when they
-    overlap but neither point estimate lies inside the other's interval, ``not shown`` otherwise (or when
-    either has no point estimate). ``a`` and ``b``: ``{"value", "low", "high"}`` (``None`` ends are
-    unbounded)."""
-    def ends(d):
-        low, high = d.get("low"), d.get("high")
-        return (0.0 if low is None else float(low)), (math.inf if high is None else float(high))
-
-    if a.get("value") is None or b.get("value") is None:
-        return NOT_SHOWN
-    (a_low, a_high), (b_low, b_high) = ends(a), ends(b)
-    if a_high < b_low or b_high < a_low:
-        return HELD
-    if not (b_low <= a["value"] <= b_high) and not (a_low <= b["value"] <= a_high):
-        return SUGGESTIVE
-    return NOT_SHOWN
-
-
-@dataclass
-class Comparison:
-    """The optimizers of one base workload and study group."""
-
-    base: str
-    group: str
-    units: list[UnitResult]
-    baseline: UnitResult | None = None
-    ratios: list[dict] = field(default_factory=list)
-    figure: FigureOut | None = None
-    nqm_ratios: dict = field(default_factory=dict)
-
-    def summary_line(self, with_group: bool = False) -> str | None:
-        """``base: a/b B_crit ratio R[, ...]`` (``base [group]`` with ``with_group``); None without ratios."""
-        parts = []
-        for r in self.ratios:
-            text = f"{r['name']} B_crit ratio {num(r['ratio'], 2)} (difference {r['difference']} by the intervals)"
-            if r.get("nqm") is not None:
-                # the NQM's B_crit is in its own problem's units: only its ordering is a prediction
-                def order(x):
-                    return None if x is None or not math.isfinite(x) else ">" if x > 1 else "<" if x < 1 else "="
-
-                a, b = r["name"].split("/", 1)
-                measured, predicted = order(r["ratio"]), order(r["nqm"])
-                verdict = "no measured ratio" if measured is None else (
-                    "agrees" if measured == predicted else "disagrees")
-                if measured is not None and r["difference"] != HELD:  # the order itself is not established
-                    verdict = f"{verdict} in the point estimates only" if r["difference"] == SUGGESTIVE else (
-                        "not tested: the intervals do not separate them")
-                text += f" (NQM order {a} {predicted or '?'} {b}: {verdict})"
-            if r["extrapolated"]:
-                text += " (extrapolated)"
-            parts.append(text)
-        head = f"{self.base} [{self.group}]" if with_group else self.base
-        return f"{head}: " + ", ".join(parts) if parts else None
-
-
-def compare_units(results: list[UnitResult]) -> list[Comparison]:
-    """One comparison per (base workload, group) with two or more analysed units."""
-    from batchlab.plots.shallue import compare_workloads_figure
-
-    groups: dict[tuple[str, str], list[UnitResult]] = {}
-    for r in results:
-        if r.status == "analysed" and r.curve is not None:
-            groups.setdefault((r.unit.base, r.unit.group), []).append(r)
-    out = []
-    for (base, group), members in sorted(groups.items()):
-        if len(members) < 2:
-            continue
-        members = sorted(members, key=lambda r: r.unit.optimizer)
-        names = [m.unit.optimizer for m in members]
-        baseline = members[names.index("sgd")] if "sgd" in names else members[0]
-        comp = Comparison(base, group, members, baseline)
-        for m in members:
-            if m is baseline:
-                continue
-            a, b = m.b_crit, baseline.b_crit
-            if a is None or b is None:
-                continue
-            ratio = a["value"] / b["value"] if b["value"] not in (0, None) and math.isfinite(b["value"]) else None
-            low = a["low"] / b["high"] if a["low"] is not None and b["high"] not in (None, 0) else None
-            high = a["high"] / b["low"] if a["high"] is not None and b["low"] not in (None, 0) else None
-            comp.ratios.append({"name": f"{m.unit.optimizer}/{baseline.unit.optimizer}", "ratio": ratio, "low": low,
-                                "high": high, "difference": difference_verdict(a, b),
-                                "extrapolated": a["extrapolated"] or b["extrapolated"],
-                                "numerator": m, "denominator": baseline})
-        figure = compare_workloads_figure([m.curve for m in members], fits=[m.fit for m in members],
-                                          title=f"{base} [{group}]: steps to result, normalised at each curve's B0")
-        comp.figure = FigureOut(
-            _slug(f"{base}-{group}-compare"),
-            "Steps to result of each optimizer divided by its own steps at its B0 (its smallest reached batch "
-            "size), with the fits: the shapes compare, not the absolute steps.",
-            f"optimizers of {base} compared, normalised", render(figure))
-        out.append(comp)
-    return out
-
-
-def _slug(text: str) -> str:
-    import re
-
-    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()
-
-
-def nqm_section(results: list[UnitResult], comparisons: list[Comparison]) -> dict:
+def nqm_section(results: list[UnitResult], comparisons: list) -> dict:
     """Draw the exact NQM prediction (``batchlab.report.nqm.predict``) beside each analysed curve,
     scaled to the measured steps at the curve's B0 (shape only), and add the NQM B_crit ratios to the
-    comparisons. Returns ``{"predictions": {optimizer: dict | None}, "notes": [...]}``."""
+    comparisons (:class:`batchlab.report.comparisons.Comparison`). Returns ``{"predictions": {optimizer:
+    dict | None}, "notes": [...]}``."""
     try:
         from batchlab.report import nqm
     except ImportError as exc:
@@ -716,7 +611,7 @@ def nqm_section(results: list[UnitResult], comparisons: list[Comparison]) -> dic
             f"measured vs NQM steps to result, {r.unit.name}", render(figure)))
         for bb, v in points:
             r.rows.append(Row(r.key, "nqm", bb, "nqm_steps_scaled", v, None, None, f"scaled at B0={b0:g}"))
-        r.rows.append(Row(r.key, "nqm", None, "nqm_b_crit", _finite(p.b_crit), None, None,
+        r.rows.append(Row(r.key, "nqm", None, "nqm_b_crit", finite_or_none(p.b_crit), None, None,
                           p.problem + (" (extrapolated)" if p.b_crit_extrapolated else "")))
         r.nqm_b_crit = p.b_crit
     for comp in comparisons:
@@ -752,80 +647,6 @@ def _size_range(sizes) -> str:
     """``B = lo..hi`` of a sequence of batch sizes (``B = ?`` when empty)."""
     sizes = [int(b) for b in sizes]
     return f"B = {min(sizes)}..{max(sizes)}" if sizes else "B = ?"
-
-
-def read_steps_tables(paths) -> list[tuple[str, object, str | None]]:
-    """Read and check every steps table before anything is computed: ``(path, frame, group column)``.
-    The group column is the first of ``optimizer``, ``group``, ``label``, ``workload`` the table has."""
-    from batchlab.analysis.steps_table import read_steps_table
-
-    out = []
-    for path in paths:
-        frame = read_steps_table(path)
-        columns = frame.attrs.get("columns", list(frame.columns))
-        group = next((c for c in ("optimizer", "group", "label", "workload") if c in columns), None)
-        out.append((str(path), frame, group))
-    return out
-
-
-def steps_table_section(path: str, frame, group: str | None, level: float = 0.9) -> dict:
-    """Fit and draw one steps table as ``batchlab analyze critical-batch-size --steps-table`` fits it
-    (:func:`batchlab.analysis.steps_table.table_fit_fn`: one fit with its ``level`` intervals, and the
-    trials' scatter where the table has ``n_trials`` and ``second_steps``)."""
-    from pathlib import Path
-
-    from batchlab.analysis.definitions import REGISTRY
-    from batchlab.analysis.steps_table import steps_table_curves, table_fit_fn, table_groups
-    from batchlab.plots.shallue import steps_to_result_figure
-
-    name = f"steps table {Path(path).name}"
-    rows_of = dict(table_groups(frame, group))
-    curves = steps_table_curves(frame, group_by=group, label=Path(path).stem)
-    rows, csv_rows, drawn, fits, warnings = [], [], [], [], []
-    for key, curve in curves:
-        label = curve.label
-        try:
-            one = table_fit_fn(rows_of[key], level=level, tolerance=TOLERANCE)(curve)
-        except BatchlabError as exc:
-            rows.append([label, "-", "-", "-", "-", str(exc)])
-            if curve.reached_arrays()[0].size:
-                drawn.append(curve)
-                fits.append(None)
-            continue
-        fit = one.fit
-        drawn.append(curve)
-        fits.append(fit)
-        low, high = one.intervals["mccandlish_b_crit"]
-        b_crit = f"{num(one.estimates['mccandlish_b_crit'])} [{num(low) if low is not None else '0'}, " \
-                 f"{num(high) if high is not None else 'inf'}]"
-        rows.append([label, b_crit + (" (extrapolated)" if fit.extrapolated else ""),
-                     num(one.estimates["perfect_scaling_end"]), num(one.estimates["maximal_parallelism_start"]),
-                     num(fit.s_min), "; ".join(one.warnings)])
-        fit_dict = {"smallest_batch_size": fit.smallest_batch_size, "largest_batch_size": fit.largest_batch_size}
-        for d in REGISTRY:
-            value = one.estimates[d.name]
-            entry_low, entry_high = one.intervals[d.name]
-            if d.source == "fit":
-                flag = beyond_measured({"value": _finite(value), "low": _finite(entry_low), "high": _finite(entry_high)},
-                                       fit_dict)
-                note = f"{level:.0%} profile-likelihood interval" + (f"; {flag}" if flag else "")
-            else:
-                note = one.data_regimes[d.name].get("reason") or "read from the data"
-            csv_rows.append(Row(name, "steps_table", None, f"{label}: {d.name}", _finite(value),
-                                _finite(entry_low), _finite(entry_high), note))
-        for b, steps in zip(curve.batch_sizes, curve.steps):
-            csv_rows.append(Row(name, "steps_table", b, f"{label}: steps", steps))
-        warnings.extend(f"{label}: {w}" for w in one.warnings)
-    figure = None
-    if drawn:
-        fig = steps_to_result_figure(drawn, fits=fits, regimes=len(drawn) == 1, title=name)
-        figure = FigureOut(_slug(f"steps-table-{Path(path).name}"),
-                           f"Steps to result from {Path(path).name} (external; grouped by {group or 'nothing'}), "
-                           "fitted and drawn as the measured curves are.", f"steps to result, {name}", render(fig))
-    return {"name": name, "path": path, "group": group, "table": Table(
-        f"Fits of {Path(path).name}", ["curve", f"B_crit [{level:.0%}]", "perfect scaling end (data)",
-                                        "maximal parallelism start (data)", "S_min (fit)", "warnings"], rows),
-        "figure": figure, "rows": csv_rows, "warnings": warnings}
 
 
 def summary_line(r: UnitResult, with_group: bool = False) -> str:
