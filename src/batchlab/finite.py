@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["INT64_MAX", "finite_real"]
+__all__ = ["INT64_MAX", "finite_or_none", "finite_real"]
 
 #: The largest integer an int64 column (step, trial id, batch size, budget) holds: 2^63 - 1.
 INT64_MAX = 2**63 - 1
@@ -21,3 +21,12 @@ def finite_real(value: object) -> bool:
         return math.isfinite(float(value))
     except OverflowError:
         return False
+
+
+def finite_or_none(value) -> float | None:
+    """``float(value)`` when it is finite; ``None`` for ``None``, NaN and infinities (a JSON or CSV cell
+    that has no number)."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None

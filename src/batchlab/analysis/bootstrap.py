@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 
+from batchlab.finite import finite_or_none
 from batchlab.analysis.critical_batch_size import (
     DIMINISHING_RETURNS,
     MAXIMAL_DATA_PARALLELISM,
@@ -94,6 +95,16 @@ def check_level(level: float) -> float:
     if not 0 < level < 1:
         raise BatchlabError(f"level must be in (0, 1), got {level}")
     return level
+
+
+def check_resampling(n_boot: int, level: float, seed: int) -> None:
+    """A one-line BatchlabError unless ``n_boot`` is an integer >= 1, ``level`` in (0, 1) and ``seed``
+    an integer >= 0 (in that order)."""
+    if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 1:
+        raise BatchlabError(f"n_boot must be a positive integer, got {n_boot!r}")
+    check_level(level)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise BatchlabError(f"seed must be an integer >= 0, got {seed!r}")
 
 
 @dataclass(frozen=True)
@@ -258,14 +269,14 @@ class CriticalBatchSizeEstimate:
         named = {}
         for d in REGISTRY:
             low, high = self.intervals[d.name]
-            named[d.name] = {"value": _finite(self.estimates[d.name]), "low": _finite(low), "high": _finite(high),
+            named[d.name] = {"value": finite_or_none(self.estimates[d.name]), "low": finite_or_none(low), "high": finite_or_none(high),
                              "definition": d.definition, "source": d.source, "interval": self.interval_notes[d.name]}
             if d.source == "data":
                 named[d.name].update({k: v for k, v in self.data_regimes[d.name].items() if k != "value"})
         params = {}
         for name in FIT_PARAMETERS:
             low, high = self.intervals[name]
-            params[name] = {"value": _finite(self.estimates[name]), "low": _finite(low), "high": _finite(high),
+            params[name] = {"value": finite_or_none(self.estimates[name]), "low": finite_or_none(low), "high": finite_or_none(high),
                             "interval": self.interval_notes[name]}
         return {
             "label": self.curve.label,
@@ -329,11 +340,7 @@ def bootstrap_critical_batch_size(
         BatchlabError: bad ``n_boot``/``level``/``seed``, a batch size whose steps to result is not
             determined (raced trials), or fewer than two batch sizes reached the goal.
     """
-    if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 1:
-        raise BatchlabError(f"n_boot must be a positive integer, got {n_boot!r}")
-    check_level(level)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise BatchlabError(f"seed must be an integer >= 0, got {seed!r}")
+    check_resampling(n_boot, level, seed)
     batch_sizes = np.array(sorted(int(b) for b in trial_steps), dtype=float)
     per_batch = [np.asarray(trial_steps[int(b)], dtype=float) for b in batch_sizes]
     bounds = [np.full(s.size, np.nan) if unknown_from is None or int(b) not in unknown_from
@@ -513,12 +520,6 @@ def _resampled_steps(per_batch: list[np.ndarray], n_boot: int, rng: np.random.Ge
             lb = np.where(unknown, np.where(np.isnan(lb), -np.inf, lb), np.inf)
             out[:, j] = np.where(known_min <= lb[draw].min(axis=1), known_min, np.nan)
     return out
-
-
-def _finite(value) -> float | None:
-    if value is None:
-        return None
-    return float(value) if np.isfinite(value) else None
 
 
 def _ordinal(k: int) -> str:

@@ -50,6 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
+from batchlab.analysis.bootstrap import check_level, check_resampling
 from batchlab.analysis.steps_table import (
     fit_steps_frame,
     read_steps_table,
@@ -169,12 +170,8 @@ def group_sizes(frame, group_by: str, x: str, path: str | Path = "") -> dict:
 def check_options(level: float, n_boot: int, seed: int, at) -> None:
     """BatchlabError (one line) unless ``level`` is in (0, 1), ``n_boot`` an integer >= 1, ``seed`` an
     integer >= 0 and ``at`` ``None`` or finite sizes > 0."""
-    if not 0 < level < 1:
-        raise BatchlabError(f"level must be in (0, 1), got {level}")
-    if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 1:
-        raise BatchlabError(f"n_boot must be a positive integer, got {n_boot!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise BatchlabError(f"seed must be an integer >= 0, got {seed!r}")
+    check_level(level)  # the level first, as before, then the resampling settings
+    check_resampling(n_boot, level, seed)
     if at is None:
         return
     bad = [v for v in at if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0)]

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 import duckdb
 import numpy as np
 
+from batchlab.finite import finite_or_none
 from batchlab.analysis.bootstrap import bootstrap_critical_batch_size
 from batchlab.analysis.critical_batch_size import fit_steps_curve
 from batchlab.analysis.curve import StepsCurve
@@ -279,7 +280,7 @@ class FlaggedFitEffect:
         """JSON-ready fields (infinite values become ``None``, with ``b_crit_unbounded`` true)."""
         def side(d):
             value = d["b_crit"]
-            return {**d, "b_crit": _finite(value), "low": _finite(d["low"]), "high": _finite(d["high"]),
+            return {**d, "b_crit": finite_or_none(value), "low": finite_or_none(d["low"]), "high": finite_or_none(d["high"]),
                     "b_crit_unbounded": value is not None and math.isinf(value)}
 
         return {"all_points": side(self.all_points), "without_flagged": side(self.without_flagged),
@@ -401,10 +402,6 @@ def _fit_text(side: dict) -> str:
     high = "inf" if side["high"] is None or math.isinf(side["high"]) else _short(side["high"])
     interval = f" [{low}, {high}]" if side["low"] is not None or side["high"] is not None else " (no interval)"
     return ("inf" if math.isinf(value) else _short(value)) + interval
-
-
-def _finite(value):
-    return None if value is None or not math.isfinite(value) else float(value)
 
 
 def _is_number(value) -> bool:

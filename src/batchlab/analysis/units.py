@@ -21,7 +21,7 @@ figures use only the trials of the group's analysed studies. Different settings 
 * A store written before study ids existed: one unit per workload with every trial.
 
 :func:`restricted` makes the connection's ``trials`` and ``studies`` views show one unit's studies
-only (as :func:`batchlab.sweep.summary._restrict_to_sweep` does for a sweep's trial keys), so every
+only (as :func:`batchlab.sweep.summary.restrict_to_sweep` does for a sweep's trial keys), so every
 analysis function, unchanged, sees exactly the unit's trials.
 """
 

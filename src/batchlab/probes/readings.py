@@ -7,8 +7,9 @@ prints each prediction's reading) and :mod:`batchlab.probes.scoring` (which scor
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from batchlab.finite import finite_or_none
 
 POINT, LOWER, UPPER, NONE = "point", "lower_bound", "upper_bound", "none"
 
@@ -22,15 +23,11 @@ class Estimate:
     value: float | None
 
 
-def _finite(x) -> float | None:
-    return None if x is None or not math.isfinite(float(x)) else float(x)
-
-
 def classify(value, low, high, has_interval: bool = True) -> Estimate:
     """The protocol's reading of a predicted ``value`` with interval ``[low, high]`` (None or non-finite:
     unbounded or missing). ``has_interval``: whether the prediction came with an interval at all
     (without one, missing ends mean "no interval" and a value is a point)."""
-    value, low, high = _finite(value), _finite(low), _finite(high)
+    value, low, high = finite_or_none(value), finite_or_none(low), finite_or_none(high)
     if not has_interval or (low is not None and high is not None):
         return Estimate(POINT, value) if value is not None and value > 0 else Estimate(NONE, None)
     if low is not None and low > 0:  # a lower bound of 0 (or below) says nothing about a batch size

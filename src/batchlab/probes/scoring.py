@@ -45,7 +45,8 @@ from pathlib import Path
 import numpy as np
 
 from batchlab.errors import BatchlabError
-from batchlab.probes.readings import LOWER, NONE, POINT, UPPER, Estimate, _finite, classify  # noqa: F401 (re-exported)
+from batchlab.finite import finite_or_none
+from batchlab.probes.readings import LOWER, NONE, POINT, UPPER, Estimate, classify  # noqa: F401 (re-exported)
 
 __all__ = ["BASELINES", "CONSISTENT_WIDENING", "WITHIN", "Estimate", "MeasuredUnit", "PredictorScore", "Scoreboard",
            "UnitScore", "classify", "protocol_step", "read_measured", "read_measured_csv", "read_measured_refit",
@@ -92,7 +93,7 @@ def _csv_number(text: str, where: str, name: str) -> float | None:
     if text in ("", "inf", "-inf", "nan"):
         return None
     try:
-        return _finite(float(text))
+        return finite_or_none(float(text))
     except ValueError:
         raise BatchlabError(f"{where}: {name} must be a number or empty, got {text!r}") from None
 
@@ -129,7 +130,7 @@ def _refit_number(value, where: str, name: str) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise BatchlabError(f"{where}: {name} is {value!r}; allowed: a number or null")
-    return _finite(value)
+    return finite_or_none(value)
 
 
 def read_measured_refit(paths: Iterable) -> dict[str, MeasuredUnit]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batchlab.errors import BatchlabError, decode_utf8, one_line
+from batchlab.finite import finite_or_none
 from batchlab.probes import scoring
 
 #: Keys a ``batchlab predict --json`` record must have (recognised by ``predictor``).
@@ -346,7 +347,7 @@ def measured_of(result) -> scoring.MeasuredUnit:
     mccandlish_b_crit and interval and its swept batch sizes (every batch size with trials)."""
     value, low, high = _measured(result)
     sizes = tuple(sorted({float(b.batch_size) for b in result.results if getattr(b, "n_trials", 1)}))
-    return scoring.MeasuredUnit(result.key, _finite(value), _finite(low), _finite(high), sizes, "this report")
+    return scoring.MeasuredUnit(result.key, finite_or_none(value), finite_or_none(low), finite_or_none(high), sizes, "this report")
 
 
 SCORES_UNIT = "predictor scores"
@@ -407,13 +408,13 @@ def _unit_part(result, predictions: list[Record], noise: list[Record], with_grou
 
     name = result.key
     measured, m_low, m_high = _measured(result)
-    rows = [Row(name, "predictions", None, "measured_b_crit", _finite(measured), _finite(m_low), _finite(m_high),
+    rows = [Row(name, "predictions", None, "measured_b_crit", finite_or_none(measured), finite_or_none(m_low), finite_or_none(m_high),
                 "the report's own mccandlish_b_crit of this unit"),
             Row(name, "predictions", None, "sweep_examples", result.sweep_examples, None, None,
                 f"sum of steps x batch size over the {result.sweep_trials} trials of the analysed studies")]
     entry = {"result": result, "table": None, "figure": None, "noise_table": None, "noise_figure": None, "line": "",
-             "json": {"unit": name, "workload": result.unit.workload, "measured": {"value": _finite(measured),
-                      "low": _finite(m_low), "high": _finite(m_high)}, "sweep_trials": result.sweep_trials,
+             "json": {"unit": name, "workload": result.unit.workload, "measured": {"value": finite_or_none(measured),
+                      "low": finite_or_none(m_low), "high": finite_or_none(m_high)}, "sweep_trials": result.sweep_trials,
                       "sweep_examples": result.sweep_examples, "line": "", "rows": [], "b_simple_across_training": []}}
     if predictions:
         _prediction_part(result, predictions, with_group, entry, rows)
@@ -423,13 +424,9 @@ def _unit_part(result, predictions: list[Record], noise: list[Record], with_grou
     return entry
 
 
-def _finite(x):
-    return None if x is None or not math.isfinite(float(x)) else float(x)
-
-
 def _prediction_part(result, predictions: list[Record], with_group: bool, entry: dict, rows: list) -> None:
     from batchlab.plots.predictions import Measured, Point, predictions_figure
-    from batchlab.report.content import FigureOut, Row, Table, _slug, num, render
+    from batchlab.report.content import FigureOut, Row, Table, slug, num, render
 
     name = result.key
     measured, m_low, m_high = _measured(result)
@@ -460,7 +457,7 @@ def _prediction_part(result, predictions: list[Record], with_group: bool, entry:
             _within_text(near, consistent), num(fraction, 3), rec.note])
         json_rows.append({"label": label, "predictor": rec.predictor, "steps_at": rec.step, "batch_size": rec.batch_size,
                           "learning_rate": rec.learning_rate, "predicted": rec.value, "low": rec.low, "high": rec.high,
-                          "measured": _finite(measured), "measured_low": _finite(m_low), "measured_high": _finite(m_high),
+                          "measured": finite_or_none(measured), "measured_low": finite_or_none(m_low), "measured_high": finite_or_none(m_high),
                           "kind": estimate.kind, "bound": estimate.value if estimate.kind.endswith("bound") else None,
                           "bound_consistent": consistent,
                           "ratio": ratio, "ratio_low": ratio_low, "ratio_high": ratio_high, "within_2x": near,
@@ -535,7 +532,7 @@ def _prediction_part(result, predictions: list[Record], with_group: bool, entry:
     figure = predictions_figure(points, Measured(measured, m_low, m_high),
                                 f"{result.unit.name}: predicted vs measured B_crit")
     entry["figure"] = FigureOut(
-        _slug(f"predictions-{result.unit.name}"),
+        slug(f"predictions-{result.unit.name}"),
         "Predicted critical batch sizes (dots) with their intervals (bars; an arrow: unbounded; a dot alone: no "
         "interval, such as the calibrated NQM's; a bar mark without a dot: a bound, from an interval open on one "
         "side, never a point) on a log2 axis, one row "
@@ -551,7 +548,7 @@ def _prediction_part(result, predictions: list[Record], with_group: bool, entry:
 
 def _noise_part(result, noise: list[Record], entry: dict, rows: list) -> None:
     from batchlab.plots.predictions import Measured, Series, b_simple_figure
-    from batchlab.report.content import FigureOut, Row, Table, _slug, num, render
+    from batchlab.report.content import FigureOut, Row, Table, slug, num, render
 
     name = result.key
     measured, m_low, m_high = _measured(result)
@@ -602,7 +599,7 @@ def _noise_part(result, noise: list[Record], entry: dict, rows: list) -> None:
              f"/ measured divides a point by this unit's mccandlish_b_crit ({num(measured)}).")
     figure = b_simple_figure(series, Measured(measured, m_low, m_high), f"{result.unit.name}: B_simple across training")
     entry["noise_figure"] = FigureOut(
-        _slug(f"b-simple-across-training-{result.unit.name}"),
+        slug(f"b-simple-across-training-{result.unit.name}"),
         "B_simple across training: B_simple (dots, its interval as bars; log axis) against the reference run's step "
         "(symlog axis when step 0 is drawn), one series per reference run (optimizer, batch size, learning rate); "
         "a bound (an interval open on one side) is a bar from the bound to the axis edge ending in an arrow, with a "

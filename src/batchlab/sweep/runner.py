@@ -52,7 +52,7 @@ from batchlab.errors import BatchlabError
 from batchlab.sweep.budget import ran_out_of_steps
 from batchlab.sweep.config import SweepConfig
 from batchlab.sweep.plan import StudyPlan, TrialTask, make_tasks, plan_studies
-from batchlab.sweep.summary import (SweepSummary, _restrict_to_sweep, analysis_goal, reported_rounds,
+from batchlab.sweep.summary import (SweepSummary, restrict_to_sweep, analysis_goal, reported_rounds,
                                     summarize)
 from batchlab.sweep.vectorize_plan import mark_inexact_vectorization, should_vectorize
 from batchlab.sweep.worker import TrialOutcome, measurement_triples, run_task
@@ -432,7 +432,7 @@ def run_sweep(plan: SweepPlan, reporter: Reporter | None = None,
             stored = stored_search_rounds(con, reported, config.refine_search)
             added = []
             if config.refine_search:
-                _restrict_to_sweep(con, [t.key for s in reported for t in s.trial_plans()],
+                restrict_to_sweep(con, [t.key for s in reported for t in s.trial_plans()],
                                    [s.digest for s in reported])
                 added, refining["flags"] = refine_studies(con, reported, lambda s: analysis_goal(config, s),
                                                           config.refine_search, flags_fn,

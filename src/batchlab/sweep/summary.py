@@ -100,7 +100,7 @@ def summarize(store, plan: SweepPlan, wall_time_s: float, counters: dict, grown:
     con = store.connect()
     try:
         # This sweep's trials only: ``trials`` becomes a view of the planned keys.
-        _restrict_to_sweep(con, keys, [s.digest for s in analysed])
+        restrict_to_sweep(con, keys, [s.digest for s in analysed])
         counts: dict[str, dict[int, dict[str, int]]] = {}
         for workload, batch_size, status, n in con.execute(
                 "SELECT workload, batch_size, status, count(*) FROM trials GROUP BY ALL ORDER BY ALL").fetchall():
@@ -136,7 +136,7 @@ def summarize(store, plan: SweepPlan, wall_time_s: float, counters: dict, grown:
 SUMMARY_BOOT = 200
 
 
-def _restrict_to_sweep(con, keys: list[str], study_ids: list[str]) -> None:
+def restrict_to_sweep(con, keys: list[str], study_ids: list[str]) -> None:
     """Make the ``trials`` view of ``con`` show only ``keys``, and ``studies`` only ``study_ids``."""
     import pyarrow as pa
 
