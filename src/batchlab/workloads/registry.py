@@ -18,7 +18,12 @@ mnist/simple_cnn_wide          nesterov, lr 0.02, momentum 0.9        2000      
 fashion_mnist/simple_cnn_base  nesterov, lr 0.02, momentum 0.9        1350            445
 shakespeare/lstm_char          adam, lr 0.01, batch size 32           200             36
 shakespeare/transformer_char   adam, lr 0.003, batch size 32          1050            190
+nqm/quadratic                  sgd, lr 1.136, batch size 16           26 (exact NQM)  <1
 =============================  =====================================  ==============  =======
+
+``nqm/quadratic`` is the known-answer workload (:mod:`batchlab.workloads.quadratic`): a noisy
+quadratic whose expected curve the exact NQM gives (goal ``val/excess_loss < 3.8``); its steps are the
+exact NQM's expected first passage at the tuned learning rate, not a measurement.
 
 ``cifar_10/resnet_8`` needs the official archive, which is not available offline; its budget is an
 estimate. The steps to goal above were read on the schedule used before resolution steps existed
@@ -41,6 +46,7 @@ from batchlab.workloads.models.lstm import CharLSTM
 from batchlab.workloads.models.resnet import resnet8
 from batchlab.workloads.models.simple_cnn import simple_cnn
 from batchlab.workloads.models.transformer import CharTransformer
+from batchlab.workloads.quadratic import quadratic_workload
 from batchlab.workloads.schedule import EvaluationSchedule
 from batchlab.workloads.tasks import language_model
 
@@ -191,6 +197,7 @@ def _declared() -> list[Workload]:
             partial(CharLSTM, SHAKESPEARE_VOCABULARY, 64, 256, 1),
             goal=SHAKESPEARE_GOAL, steps=1000, batch_size=32,
         ),
+        quadratic_workload(),
     ]
 
 
