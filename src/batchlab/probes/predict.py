@@ -202,6 +202,22 @@ def goal_training_loss(con, store_workload: str) -> tuple[float | None, int]:
     return float(row[0]), int(row[1])
 
 
+def _check_only(only) -> set[str]:
+    """``only`` as a set of predictor names (module :data:`PREDICTORS`); else a one-line BatchlabError."""
+    from batchlab.errors import unknown_name_error
+
+    if isinstance(only, str):
+        only = [only]
+    names = set()
+    for name in only:
+        if name not in PREDICTORS:
+            raise unknown_name_error("predictor", str(name), PREDICTORS)
+        names.add(str(name))
+    if not names:
+        raise BatchlabError(f"only must name at least one predictor of {', '.join(PREDICTORS)}")
+    return names
+
+
 def _probe_loss(model, batches) -> float:
     """The model's mean loss over every probe example (no gradient)."""
     import torch
@@ -247,7 +263,7 @@ def predict(workload: Any, optimizer: str, *, store=None, unit_id: str | None = 
             hyperparameters: dict | None = None, seed: int = 0, train_examples: int | None = None,
             probe_batch_size: int | None = None, k: int = 10, lanczos_steps: int = 30, probes: int = 4,
             target_fraction: float | None = None, branched: bool = True, level: float = 0.9, n_boot: int = 200,
-            device: str = "cpu", progress=None) -> dict:
+            device: str = "cpu", progress=None, only=None, branched_at=None, multipliers=None) -> dict:
     """Every predictor's critical batch size, the measured one and their ratios (module docstring).
 
     ``workload``: what ``sweep`` accepts; ``optimizer``: a batchlab optimizer; the reference run uses
@@ -260,6 +276,19 @@ def predict(workload: Any, optimizer: str, *, store=None, unit_id: str | None = 
     (:func:`default_steps_at`), ``checkpoint_rule`` (``protocol`` or ``given``) and
     ``default_batch_size`` the workload's. ``progress(message)`` is called before each measurement.
 
+    ``only``: the names of :data:`PREDICTORS` to measure (default all); the others are left out of
+    ``predictors`` and ``rows`` and cost nothing (B_simple's per-example gradients are always measured,
+    as every noise-scale reading needs them; Hessian-vector products only for ``b_noise``, curvature only
+    for ``calibrated_nqm``, branches only for ``branched``). ``branched_at``: the branched estimate's
+    checkpoints (default ``[steps_at]``; ``steps_at`` is added when absent): the ``branched`` predictor
+    is still its reading at ``steps_at``, and with ``branched_at`` it also carries ``checkpoints`` (one
+    ``{"step", "critical_batch_size", "low", "high", "method"}`` per checkpoint, step order) and
+    ``warmup_schedule`` (:func:`batchlab.probes.branched.warmup_schedule`, ``[[step, batch_size], ...]``);
+    its ``examples`` count the reference run to the last checkpoint and every checkpoint's branches.
+    ``multipliers``: the branched estimate's multipliers (default
+    :data:`batchlab.probes.branched.DEFAULT_MULTIPLIERS`), in both cases those with ``k x batch size``
+    above the training examples dropped.
+
     Returns ``{"workload", "store_workload", "optimizer", "settings", "predictors": [...], "measured":
     [...] (empty without a store), "rows": [...]}``; each row is one predictor against one measured unit
     (or alone): ``predictor``, ``critical_batch_size``, ``low``, ``high``, ``interval_method``,
@@ -270,7 +299,8 @@ def predict(workload: Any, optimizer: str, *, store=None, unit_id: str | None = 
 
     Raises:
         BatchlabError (one line), before anything trains: unknown workload or optimizer, a store
-            without that workload, a checkpoint step < 0, bad probe settings.
+            without that workload, a checkpoint step < 0, bad probe settings, an unknown name in
+            ``only``, ``branched_at`` or ``multipliers`` not strictly increasing integers (>= 0, >= 1).
     """
     from batchlab.optim import optimizer_defaults
     from batchlab.probes.calibrated import DEFAULT_TARGET_FRACTION, calibrated_problem, predict_steps
@@ -292,6 +322,16 @@ def predict(workload: Any, optimizer: str, *, store=None, unit_id: str | None = 
     if not 0 < fraction < 1:
         raise BatchlabError(f"--target-fraction must lie in (0, 1), got {target_fraction!r}")
     target_rule = "default" if target_fraction is None else "given"
+    wanted = set(PREDICTORS) if only is None else _check_only(only)
+    branched_steps = None
+    if branched_at is not None:
+        from batchlab.probes.reference import check_steps_at
+
+        branched_steps = sorted(set(check_steps_at(branched_at)) | {step})
+    if multipliers is not None:
+        from batchlab.errors import increasing_ints
+
+        multipliers = increasing_ints("multipliers", multipliers, 1)
     store_workload = f"{w.name}/{optimizer}"
     measured = measured_units(store, store_workload, unit_id, n_boot=n_boot, level=level, seed=seed) if store else []
     tuned = tuned_reference(measured, batch) if learning_rate is None else None
@@ -332,17 +372,20 @@ def predict(workload: Any, optimizer: str, *, store=None, unit_id: str | None = 
             target_words += f"; not matched: {why}"
     predictors = []
 
-    say("noise scale (per-example gradients and Hessian-vector products)")
+    hessian = "b_noise" in wanted
+    say("noise scale (per-example gradients and Hessian-vector products)" if hessian else
+        "noise scale (per-example gradients)")
     noise_failure = ""
     try:
-        ns = noise_scale(model, loss_fn, batches, hessian=True, level=level, seed=seed)
+        ns = noise_scale(model, loss_fn, batches, hessian=hessian, level=level, seed=seed)
     except RuntimeError as exc:  # a model whose Hessian-vector products torch.func cannot vmap: B_simple only
         noise_failure = f"B_noise failed: {str(exc).splitlines()[0]}"
         ns = noise_scale(model, loss_fn, batches, hessian=False, level=level, seed=seed)
     simple_cost = reference + ns.examples
-    predictors.append(_predictor("b_simple", ns.b_simple, ns.b_simple_interval.low, ns.b_simple_interval.high,
-                                 ns.b_simple_interval.method, simple_cost, "tr(Sigma) / |G|^2"))
-    if optimizer in ADAM_LIKE:
+    if "b_simple" in wanted:
+        predictors.append(_predictor("b_simple", ns.b_simple, ns.b_simple_interval.low, ns.b_simple_interval.high,
+                                     ns.b_simple_interval.method, simple_cost, "tr(Sigma) / |G|^2"))
+    if optimizer in ADAM_LIKE and "b_simple_adam" in wanted:
         if checkpoint.preconditioner is not None:
             pre = noise_scale(model, loss_fn, batches, preconditioner=checkpoint.preconditioner,
                               preconditioner_label="adam", level=level, seed=seed)
@@ -352,16 +395,17 @@ def predict(workload: Any, optimizer: str, *, store=None, unit_id: str | None = 
         else:
             predictors.append(_predictor("b_simple_adam", None, note="no Adam state at step 0"))
     noise_cost = simple_cost + 2 * ns.hvps * per_batch
-    predictors.append(_predictor("b_noise", ns.b_noise, ns.b_noise_interval.low if ns.b_noise_interval else None,
-                                 ns.b_noise_interval.high if ns.b_noise_interval else None,
-                                 ns.b_noise_interval.method if ns.b_noise_interval else "",
-                                 None if noise_failure else noise_cost, noise_failure or "tr(H Sigma) / (G^T H G)"))
+    if hessian:
+        predictors.append(_predictor("b_noise", ns.b_noise, ns.b_noise_interval.low if ns.b_noise_interval else None,
+                                     ns.b_noise_interval.high if ns.b_noise_interval else None,
+                                     ns.b_noise_interval.method if ns.b_noise_interval else "",
+                                     None if noise_failure else noise_cost, noise_failure or "tr(H Sigma) / (G^T H G)"))
 
     calibrated: dict[str, Any] = {}
     spectrum = density = None
-    if report_nqm.mapping(optimizer) is None:
+    if "calibrated_nqm" in wanted and report_nqm.mapping(optimizer) is None:
         predictors.append(_predictor("calibrated_nqm", None, note=f"not modelled: {report_nqm.unsupported_reason(optimizer)}"))
-    else:
+    elif "calibrated_nqm" in wanted:
         say("curvature: top eigenvalues and spectral density")
         try:
             spectrum = top_eigenvalues(model, loss_fn, batches, k=min(k, max(w.num_parameters() - 1, 1)), seed=seed)
@@ -370,7 +414,7 @@ def predict(workload: Any, optimizer: str, *, store=None, unit_id: str | None = 
             spectrum = density = None
             predictors.append(_predictor("calibrated_nqm", None,
                                          note=f"curvature failed: {str(exc).splitlines()[0] if str(exc) else exc!r}"))
-    if report_nqm.mapping(optimizer) is not None and spectrum is not None:
+    if "calibrated_nqm" in wanted and report_nqm.mapping(optimizer) is not None and spectrum is not None:
         cost = simple_cost + 2 * (spectrum.matvecs + density.matvecs) * n_probe
         try:
             problem = calibrated_problem(spectrum.eigenvalues, density=density, trace_sigma=ns.trace_sigma,
@@ -386,27 +430,32 @@ def predict(workload: Any, optimizer: str, *, store=None, unit_id: str | None = 
         except BatchlabError as exc:
             predictors.append(_predictor("calibrated_nqm", None, examples=cost, note=f"no prediction: {exc}"))
 
-    if branched:
+    if "branched" in wanted and branched:
         try:
             from batchlab.probes import branched as branched_module
         except ImportError as exc:
             predictors.append(_predictor("branched", None, note=f"skipped: batchlab.probes.branched is absent ({exc})"))
         else:
-            ks = [m for m in branched_module.DEFAULT_MULTIPLIERS if m * batch <= checkpoints.num_train]
+            ks = [m for m in (multipliers or branched_module.DEFAULT_MULTIPLIERS) if m * batch <= checkpoints.num_train]
             rule = "sqrt" if optimizer in ADAM_LIKE else "linear"
             say(f"branched: multipliers {','.join(map(str, ks))}, rule {rule}")
             try:
                 result = branched_module.branched_critical_batch_size(
-                    workload, optimizer, batch, hp, [step], multipliers=ks, rule=rule, seed=seed,
+                    workload, optimizer, batch, hp, branched_steps or [step], multipliers=ks, rule=rule, seed=seed,
                     train_examples=train_examples, probe_examples=n_probe, probe_batch_size=per_batch, device=device)
-                point = result.checkpoints[0]
+                point = next(c for c in result.checkpoints if c.step == step)
+                details = {} if branched_steps is None else {
+                    "checkpoints": [{"step": c.step, "critical_batch_size": c.critical_batch_size, "low": c.low,
+                                     "high": c.high, "method": c.method} for c in result.checkpoints],
+                    "warmup_schedule": [list(p) for p in branched_module.warmup_schedule(result)]}
                 predictors.append(_predictor("branched", point.critical_batch_size, point.low, point.high, point.method,
                                              int(result.examples_processed),
                                              f"rule {rule}, multipliers {','.join(map(str, ks))}"
-                                             + ("; every multiplier passed (a lower bound)" if point.high is None else "")))
+                                             + ("; every multiplier passed (a lower bound)" if point.high is None else ""),
+                                             **details))
             except (BatchlabError, TypeError) as exc:  # TypeError: an interface other than the documented one
                 predictors.append(_predictor("branched", None, note=f"failed: {exc}"))
-    else:
+    elif "branched" in wanted:
         predictors.append(_predictor("branched", None, note="skipped (--no-branched)"))
 
     from batchlab.probes.readings import classify
