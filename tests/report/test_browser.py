@@ -5,6 +5,7 @@ sizes, two trials, a few steps, a loose goal reached everywhere, raced) makes a 
 report --nqm`` writes the page and its CSV; chromium loads the page from ``file://`` and the test
 checks: no console error, no page error, no request leaving the machine, every
 ``img[data-figure]`` loaded with a natural size, inside a ``<figure>`` with a caption and an ``alt``,
+the Recommendation section first with its trade-off figure (a hand-written advice record),
 at least one figure in each unit's section (its steps-to-result figure and, with ``--nqm``, its NQM
 figure), in the optimizers' comparison and in the predictions section (a hand-written prediction
 file, ``--predictions``), and the CSV link resolving to the file beside the page.
@@ -70,6 +71,7 @@ def report(tmp_path_factory):
         registry.WORKLOADS.clear()
         registry.WORKLOADS.update(saved)
     swept = time.perf_counter()
+    _advice_record(root / "store")
     page = root / "page.html"
     predictions = root / "predictions.jsonl"  # one prediction and one B_simple step, as predict and probe write them
     settings = {"workload": WORKLOAD, "optimizer": "sgd", "batch_size": 8, "hyperparameters": {"learning_rate": 0.1},
@@ -84,6 +86,28 @@ def report(tmp_path_factory):
                   "--predictions", predictions)
     assert result.returncode == 0, result.stderr[-3000:]
     return page, result.stdout, {"sweep": swept - started, "report": time.perf_counter() - swept}
+
+
+def _advice_record(store: Path) -> None:
+    """A hand-made advice record (docs/methods.md, "The report's Recommendation section") for the sgd
+    unit, so the page opens with its Recommendation section and trade-off figure."""
+    from batchlab.analysis.units import find_units
+    from batchlab.store import Store
+
+    con = Store.open(store).connect()
+    try:
+        unit = next(u.name for u in find_units(con) if u.workload == f"{WORKLOAD}/sgd")
+    finally:
+        con.close()
+    table = [{"batch_size": b, "reached": True, "n_trials": 2, "steps": {"value": 40 // i, "low": 30 // i, "high": 50 // i},
+              "seconds": {"value": 0.4 / i, "low": 0.3 / i, "high": 0.5 / i}, "recommended": b == 32}
+             for i, b in enumerate((8, 32, 128), start=1)]
+    record = {"format": "batchlab-advice", "version": 1, "advice_id": "0123456789ab", "status": "done",
+              "settings": {"objective": "time"}, "unit": unit, "rounds": [], "spent": {"total": 1000},
+              "full_protocol": {"examples": 10000}, "stop": {"text": "target met"},
+              "recommendation": {"batch_size": 32, "objective": "time", "table": table}, "check": None}
+    (store / "advice").mkdir()
+    (store / "advice" / "0123456789ab.json").write_text(json.dumps(record))
 
 
 def test_the_report_loads_in_headless_chromium_with_every_figure(report):
@@ -124,6 +148,8 @@ def test_the_report_loads_in_headless_chromium_with_every_figure(report):
         assert any(i.endswith("-steps") for i in ids), (optimizer, ids)
         assert any(i.endswith("-nqm") for i in ids), (optimizer, ids)
     assert by_section.get("comparisons"), by_section
+    assert content["sections"][0]["id"] == "recommendation", content["sections"]  # first on the page
+    assert len(by_section.get("recommendation", [])) == 1, by_section  # the trade-off figure
     assert len(by_section.get("predictions", [])) == 2, by_section  # predicted vs measured, B_simple across training
 
     # the CSV link resolves to the table written beside the page

@@ -47,6 +47,8 @@ def report(
                            n_boot=n_boot, seed=seed, level=level)
     for warning in summary["predictions_warnings"] or ():
         note(f"warning: {warning}")
+    for warning in summary.get("advice_warnings") or ():  # damaged advice records (store/advice/)
+        note(f"warning: {warning}")
     if json:
         emit_json(summary)
         return

@@ -34,6 +34,7 @@ class ReportData:
     nqm: dict | None = None
     steps_tables: list = field(default_factory=list)
     predictions: dict | None = None  # batchlab.report.predictions.predictions_section, with --predictions
+    recommendation: dict | None = None  # batchlab.report.recommendation.recommendation_section: advice records
 
 
 def check_out_path(out: str | Path) -> tuple[Path, Path]:
@@ -195,6 +196,7 @@ def build_report(store: str | Path, out: str | Path, *, nqm: bool = False, steps
     from batchlab.report.csv import csv_text
     from batchlab.report.html import page
     from batchlab.report.predictions import predictions_section, read_predictions
+    from batchlab.report.recommendation import recommendation_section
     from batchlab.report.steps_tables import read_steps_tables, steps_table_section
     from batchlab.report.units import find_units
     from batchlab.store import Store
@@ -253,6 +255,10 @@ def build_report(store: str | Path, out: str | Path, *, nqm: bool = False, steps
     if predicted is not None:
         lines += predicted["lines"] + ([predicted["scores"]["line"]] if predicted["scores"] else [])
         rows.extend(predicted["rows"])
+    advice = recommendation_section(store, [r.unit.name for r in results])  # None: no advice directory
+    if advice is not None:
+        lines = advice["lines"] + lines
+        rows = advice["rows"] + rows
 
     first, last = _commit_times(store)
     times = study_times(store)
@@ -289,7 +295,8 @@ def build_report(store: str | Path, out: str | Path, *, nqm: bool = False, steps
     ]
     report = ReportData(store_name=store.name or str(store), csv_name=csv_path.name, header=header,
                         settings_table=_settings(units), units=results, comparisons=comparisons, lines=lines,
-                        level=level, nqm=nqm_info, steps_tables=table_sections, predictions=predicted)
+                        level=level, nqm=nqm_info, steps_tables=table_sections, predictions=predicted,
+                        recommendation=advice)
     _write_both(page_path, page(report), csv_path, csv_text(rows))
     return {
         "report": str(page_path),
@@ -304,6 +311,8 @@ def build_report(store: str | Path, out: str | Path, *, nqm: bool = False, steps
         "predictions": None if predicted is None else predicted["json"],
         "predictions_warnings": None if predicted is None else predicted["warnings"],
         "predictions_scores": None if predicted is None or predicted["scores"] is None else predicted["scores"]["json"],
+        "advice": None if advice is None else advice["json"],
+        "advice_warnings": None if advice is None else advice["warnings"],
     }
 
 

@@ -72,6 +72,7 @@ def page(report) -> str:
         f"<h1>Batch-size report: {escape(report.store_name)}</h1>",
         f'<p>The numbers behind every figure: <a href="{escape(report.csv_name)}">{escape(report.csv_name)}</a> '
         "(CSV, long format: unit, section, batch_size, quantity, value, lower, upper, note).</p>",
+        *_recommendation(report),
         "<h2 id=\"run\">What was run</h2>",
         _kv(report.header),
         table_html(report.settings_table),
@@ -99,7 +100,8 @@ def page(report) -> str:
                                   ["unit", "status", "goal", "B_crit", "interval", "B_crit vs measured range", "learning-rate scaling verdict"],
                                   rows)))
     parts.append("<pre>" + escape("\n".join(report.lines)) + "</pre>")
-    parts.append("<p>Contents: " + ", ".join(f'<a href="#{_anchor(r.unit.name)}">{escape(r.unit.name)}</a>'
+    parts.append("<p>Contents: " + ('<a href="#recommendation">recommendation</a>, '
+                                    if getattr(report, "recommendation", None) is not None else "") + ", ".join(f'<a href="#{_anchor(r.unit.name)}">{escape(r.unit.name)}</a>'
                                              for r in report.units)
                  + (', <a href="#comparisons">comparisons</a>' if report.comparisons else "")
                  + (', <a href="#predictions">predictions</a>' if report.predictions is not None else "")
@@ -160,6 +162,15 @@ def page(report) -> str:
     parts.append(_definitions_html())
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _recommendation(report) -> list[str]:
+    """The Recommendation section (:mod:`batchlab.report.recommendation`), first on the page; none without advice."""
+    if getattr(report, "recommendation", None) is None:
+        return []
+    from batchlab.report.recommendation import recommendation_html
+
+    return [recommendation_html(report.recommendation)]
 
 
 def _unit_html(r, summary_line) -> str:

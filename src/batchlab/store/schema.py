@@ -198,12 +198,14 @@ def empty_table(name: str) -> pa.Table:
 #     data/<table>/<claim>-<uuid><suffix>   DATA_DIR: immutable Parquet files (data_file_name)
 #     pending/<uuid>.jsonl, <claim>.claim   PENDING_DIR: journals of trials being written; claims
 #     pending/trials/<sha>.claim, <owner>.owner   trial claims of sweep drivers (batchlab.sweep.claims)
+#     advice/<advice_id>.json               ADVICE_DIR: batchlab advise's records (not a table)
 MARKER = "batchlab-store.json"
 FORMAT_VERSION = 1
 LOCK_FILE = "_lock"
 LOG_DIR = "log"
 DATA_DIR = "data"
 PENDING_DIR = "pending"
+ADVICE_DIR = "advice"  # advise's records, one JSON file per advised unit, beside the tables; not a table
 STORE_DIRS = (LOG_DIR, PENDING_DIR, *(f"{DATA_DIR}/{t}" for t in TABLES))
 
 # Trials and studies files with the study columns are named "<claim>-<uuid>.s2.parquet", so a view

@@ -53,6 +53,7 @@ from batchlab.store.files import (
 from batchlab.store.integrity import check_state, verified_state
 from batchlab.store.log import CommitPlan, StoreState, commit, read_state
 from batchlab.store.schema import (
+    ADVICE_DIR,
     DATA_DIR,
     FORMAT_VERSION,
     LOCK_FILE,
@@ -172,7 +173,7 @@ class Store:
             names = [p.name for p in root.iterdir()]
         except OSError as exc:
             raise BatchlabError(f"cannot create a store at {root}: {exc.strerror or exc}") from None
-        layout = {LOCK_FILE, "lost+found", *(sub.split("/", 1)[0] for sub in STORE_DIRS)}  # lost+found: an ext4 mount point
+        layout = {LOCK_FILE, "lost+found", ADVICE_DIR, *(sub.split("/", 1)[0] for sub in STORE_DIRS)}  # lost+found: an ext4 mount point
         if any(n not in layout and n != MARKER and not (n.startswith(TMP_PREFIX) and n.endswith(MARKER))
                for n in names):
             if marker.is_file():  # another process created it meanwhile
