@@ -264,7 +264,7 @@ def test_records_are_checked_and_never_raise(tmp_path):
 
 
 def test_missing_optional_fields_render_as_dashes_and_lines_are_used(tmp_path):
-    from batchlab.report.recommendation import recommendation_html
+    from batchlab.report.html import recommendation_html
 
     advice = tmp_path / "advice"
     bare = {k: advice_record()[k] for k in ("format", "version", "advice_id", "status", "settings", "unit", "rounds")}
@@ -306,7 +306,7 @@ def test_a_record_as_advise_writes_it_shows_advises_own_lines(tmp_path):
     """The recommendation as batchlab.advise.recommend.Recommendation writes it (its own ``lines``, the
     table, the rule), in a record whose check is a CheckResult's dict; a running record without a unit yet."""
     from batchlab.advise.recommend import Recommendation
-    from batchlab.report.recommendation import recommendation_html
+    from batchlab.report.html import recommendation_html
 
     record = advice_record()
     rec = Recommendation.from_dict(record["recommendation"])

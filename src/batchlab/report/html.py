@@ -168,8 +168,6 @@ def _recommendation(report) -> list[str]:
     """The Recommendation section (:mod:`batchlab.report.recommendation`), first on the page; none without advice."""
     if getattr(report, "recommendation", None) is None:
         return []
-    from batchlab.report.recommendation import recommendation_html
-
     return [recommendation_html(report.recommendation)]
 
 
@@ -266,3 +264,40 @@ def _definitions_html() -> str:
     rows = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in DEFINITIONS)
     return ('<h2 id="definitions">Definitions</h2><p class="note">Full definitions: docs/methods.md of batchlab, '
             f'sections "Steps to result", "Critical batch size", "Intervals" and "The report".</p><table>{rows}</table>')
+
+
+def recommendation_html(section: dict) -> str:
+    """The section's HTML: ``<h2 id="recommendation">``, then per record an ``<h3>`` (the unit), the
+    answer, the figure, the tables and the lines; the warnings as a list."""
+    from batchlab.report.recommendation import SECTION_ID
+
+    parts = [f'<h2 id="{SECTION_ID}">Recommendation</h2>',
+             '<p class="note">What batchlab advise recommends for each advised unit (read from the store\'s '
+             "advice records): the batch size and its tuned metaparameters for the record's objective, the steps, "
+             "examples (updates x batch size) and time (seconds on the measuring device) to the goal with their "
+             "intervals, and the trade-off around it. Definitions: docs/methods.md, \"The report's Recommendation "
+             "section\".</p>"]
+    if section["warnings"]:
+        parts.append(_list(section["warnings"], "warn"))
+    if not section["entries"]:
+        parts.append('<p class="note">No advice record could be read.</p>')
+    for entry in section["entries"]:
+        record = entry["record"]
+        parts.append(f'<h3 id="{escape(entry["anchor"])}">{escape(entry["unit"])} '
+                     f'<span class="note">(advice {escape(record["advice_id"])}, {escape(record["status"])})</span></h3>')
+        if entry["running"]:
+            parts.append(f'<p class="warn">{escape(entry["running"])}</p>')
+        if entry["lines"]:
+            parts.append('<p class="verdict">' + "<br>".join(escape(x) for x in entry["lines"]) + "</p>")
+        elif not entry["running"]:
+            parts.append('<p class="bad">no recommendation in this record</p>')
+        parts.append(f'<p><b>{escape(entry["compute"])}</b></p>')
+        if entry["figure"] is not None:
+            parts.append(figure_html(entry["figure"]))
+        for table in entry["tables"]:
+            parts.append(table_html(table))
+        parts.append(_list(entry["text"]))
+        if entry["unit_anchor"]:
+            parts.append(f'<p class="note">The unit\'s own section: <a href="#{escape(entry["unit_anchor"])}">'
+                         f'{escape(entry["unit"])}</a>.</p>')
+    return "\n".join(parts)

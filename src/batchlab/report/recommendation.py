@@ -13,8 +13,8 @@ Recommendation section"):
   (:func:`batchlab.plots.advice.tradeoff_figure`), the learning-rate rule, the warmup schedule, the
   rounds, why advise stopped, the check run, and the compute advise spent against the full protocol's,
   with CSV rows and one printed line per record; None when the store has no ``advice`` directory;
-* :func:`recommendation_html`: the section's HTML (the page's conventions: escaped text, figures as
-  ``<figure>`` with an embedded PNG, ids by :func:`batchlab.report.content.slug`).
+* its HTML is :func:`batchlab.report.html.recommendation_html` (the page's conventions: escaped text,
+  figures as ``<figure>`` with an embedded PNG, ids by :func:`batchlab.report.content.slug`).
 
 Units: steps count optimizer updates; examples are updates x batch size (training examples
 processed; evaluations are not counted); time is seconds of wall clock on the measuring device. Every
@@ -621,45 +621,3 @@ def _rests_on(record: dict) -> str:
     if rec.get("rests_on"):
         return "rests on: " + rests_on_text(rec["rests_on"])
     return f"trials: the studies of {record.get('unit', '-')} (advice record {record.get('advice_id', '-')})"
-
-
-# -------------------------------------------------------------------------------------- HTML
-
-
-def recommendation_html(section: dict) -> str:
-    """The section's HTML: ``<h2 id="recommendation">``, then per record an ``<h3>`` (the unit), the
-    answer, the figure, the tables and the lines; the warnings as a list."""
-    from html import escape
-
-    from batchlab.report.html import _list, figure_html, table_html
-
-    parts = [f'<h2 id="{SECTION_ID}">Recommendation</h2>',
-             '<p class="note">What batchlab advise recommends for each advised unit (read from the store\'s '
-             "advice records): the batch size and its tuned metaparameters for the record's objective, the steps, "
-             "examples (updates x batch size) and time (seconds on the measuring device) to the goal with their "
-             "intervals, and the trade-off around it. Definitions: docs/methods.md, \"The report's Recommendation "
-             "section\".</p>"]
-    if section["warnings"]:
-        parts.append(_list(section["warnings"], "warn"))
-    if not section["entries"]:
-        parts.append('<p class="note">No advice record could be read.</p>')
-    for entry in section["entries"]:
-        record = entry["record"]
-        parts.append(f'<h3 id="{escape(entry["anchor"])}">{escape(entry["unit"])} '
-                     f'<span class="note">(advice {escape(record["advice_id"])}, {escape(record["status"])})</span></h3>')
-        if entry["running"]:
-            parts.append(f'<p class="warn">{escape(entry["running"])}</p>')
-        if entry["lines"]:
-            parts.append('<p class="verdict">' + "<br>".join(escape(x) for x in entry["lines"]) + "</p>")
-        elif not entry["running"]:
-            parts.append('<p class="bad">no recommendation in this record</p>')
-        parts.append(f'<p><b>{escape(entry["compute"])}</b></p>')
-        if entry["figure"] is not None:
-            parts.append(figure_html(entry["figure"]))
-        for table in entry["tables"]:
-            parts.append(table_html(table))
-        parts.append(_list(entry["text"]))
-        if entry["unit_anchor"]:
-            parts.append(f'<p class="note">The unit\'s own section: <a href="#{escape(entry["unit_anchor"])}">'
-                         f'{escape(entry["unit"])}</a>.</p>')
-    return "\n".join(parts)
