@@ -477,6 +477,15 @@ def critical_batch_size_with_intervals(
     ``unknown_from`` bounds (:func:`~batchlab.analysis.steps_to_result.trial_first_steps`); each batch
     size's ``budget`` is the smallest ``last_step`` of its unreached trials (NaN when none has one).
     """
+    return bootstrap_critical_batch_size(n_boot=n_boot, level=level, seed=seed, tolerance=tolerance, b0=b0,
+                                         **store_fit_inputs(con, selection))
+
+
+def store_fit_inputs(con: duckdb.DuckDBPyConnection, selection: Selection) -> dict:
+    """The store's inputs of :func:`bootstrap_critical_batch_size` for ``selection`` (as keyword
+    arguments: ``trial_steps``, ``label``, ``metadata``, ``steps_lower``, ``censored_at``,
+    ``unknown_from``, ``budget``), read as :func:`critical_batch_size_with_intervals` documents; a
+    caller may change them (``batchlab advise`` adds a candidate study's expected trials) and fit."""
     results = steps_to_result_many(con, [selection])[0]  # checks names, lists every batch size
     frame = trial_first_steps(con, selection)
     steps = trial_steps_by_batch_size(frame)
@@ -484,20 +493,10 @@ def critical_batch_size_with_intervals(
     trial_steps = {r.batch_size: steps.get(r.batch_size, np.empty(0)) for r in results}
     unreached = frame[np.isinf(frame["first_step"].to_numpy(dtype=float))]
     budget = {int(b): float(g["last_step"].min()) for b, g in unreached.groupby("batch_size")}
-    return bootstrap_critical_batch_size(
-        trial_steps,
-        n_boot=n_boot,
-        level=level,
-        seed=seed,
-        tolerance=tolerance,
-        label=selection.workload,
-        metadata=selection.describe(),
-        steps_lower={r.batch_size: r.steps_lower for r in results},
-        censored_at={r.batch_size: r.censored_at for r in results},
-        b0=b0,
-        unknown_from={b: unknown_from[b] for b in trial_steps if b in unknown_from},
-        budget=budget,
-    )
+    return {"trial_steps": trial_steps, "label": selection.workload, "metadata": selection.describe(),
+            "steps_lower": {r.batch_size: r.steps_lower for r in results},
+            "censored_at": {r.batch_size: r.censored_at for r in results},
+            "unknown_from": {b: unknown_from[b] for b in trial_steps if b in unknown_from}, "budget": budget}
 
 
 def _resampled_steps(per_batch: list[np.ndarray], n_boot: int, rng: np.random.Generator,

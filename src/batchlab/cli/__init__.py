@@ -44,6 +44,7 @@ LAZY_COMMANDS = {
     "sweep": "batchlab.cli.sweep",
     "report": "batchlab.cli.report",
     "predict": "batchlab.cli.predict",
+    "advise": "batchlab.cli.advise",
     "nqm": "batchlab.cli.nqm",
     "store": "batchlab.cli.store",
     "import": "batchlab.cli.store",
