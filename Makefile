@@ -35,7 +35,7 @@ browser:
 	  if command -v chromium >/dev/null 2>&1; then echo "browser: installed $$(chromium --version 2>/dev/null)"; \
 	  else echo "browser: could not install chromium (apt-get install chromium needs root and apt): tests/report/test_browser.py will be skipped"; fi; }
 
-# The NQM figures, a small real sweep (resumed when re-run) and its report, all under $(DEMO)/.
+# The NQM figures, a small real sweep (resumed when re-run), advise's recommendation and the report, all under $(DEMO)/.
 demo: install
 	mkdir -p $(DEMO)
 	$(VENV)/bin/batchlab nqm figures --out $(DEMO)/nqm
@@ -45,6 +45,11 @@ demo: install
 	test -s $(DEMO)/predictions.jsonl || { for o in sgd momentum; do $(VENV)/bin/batchlab predict mnist/fc_64_64_64 \
 	  --optimizer $$o --store $(DEMO)/store --json || exit 1; done > $(DEMO)/predictions.tmp && \
 	  mv $(DEMO)/predictions.tmp $(DEMO)/predictions.jsonl; }
+	@# advise on the demo's workload: it continues the sweep above (the same settings, so the same unit),
+	@# adds the studies that narrow B_crit most within the time budget, and prints its recommendation
+	$(VENV)/bin/batchlab advise mnist/fc_64_64_64 --optimizer sgd --config $(DEMO_SWEEP) --store $(DEMO)/store \
+	  --budget-hours 0.05 > $(DEMO)/advise.txt
+	@cat $(DEMO)/advise.txt
 	$(VENV)/bin/batchlab report --store $(DEMO)/store --out $(DEMO)/report.html --nqm --predictions $(DEMO)/predictions.jsonl
 
 test: install browser

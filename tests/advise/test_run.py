@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -92,7 +93,7 @@ def test_known_answer_b_crit_and_recommendation_match_the_exact_nqm(tmp_path):
 def test_resume_after_sigkill_mid_round_gives_the_same_answer(tmp_path):
     config = _config(tmp_path)
     args = ["nqm/quadratic", "--optimizer", "sgd", "--config", config, "--bracket", "2:64", "--objective", "examples",
-            "--target-ratio", "2", "--no-check", "--workers", "1", "--json"]
+            "--target-ratio", "4", "--max-trials", "8", "--no-check", "--workers", "1", "--json"]
     whole = _cli(*args, "--store", str(tmp_path / "whole"))
     assert whole.returncode == 0, whole.stderr
     expected = json.loads(whole.stdout)
@@ -105,10 +106,15 @@ def test_resume_after_sigkill_mid_round_gives_the_same_answer(tmp_path):
         for line in proc.stderr:  # the progress notes
             if line.startswith("round 1"):
                 break
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver and its workers, mid round 1
+        before = _stored_trials(killed_store)
+        deadline = time.monotonic() + 300
+        while _stored_trials(killed_store) == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and its workers, mid round 1: some of its trials stored
     finally:
         proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL
+    assert _stored_trials(killed_store) > before
     resumed = _cli(*args, "--store", killed_store)
     assert resumed.returncode == 0, resumed.stderr
     got = json.loads(resumed.stdout)
@@ -118,6 +124,22 @@ def test_resume_after_sigkill_mid_round_gives_the_same_answer(tmp_path):
     assert got["recommendation"]["batch_size"] == expected["recommendation"]["batch_size"]
     assert got["recommendation"]["steps"] == expected["recommendation"]["steps"]
     assert got["spent"]["studies"] == expected["spent"]["studies"]  # no trial lost or duplicated
+    again = _cli(*args, "--store", killed_store)  # a finished advice re-run: the same record, nothing trained
+    assert again.returncode == 0, again.stderr
+    rerun = json.loads(again.stdout)
+    assert _decisions(rerun) == _decisions(expected) and rerun["spent"]["studies"] == got["spent"]["studies"]
+    assert rerun["recommendation"]["batch_size"] == expected["recommendation"]["batch_size"]
+
+
+def _stored_trials(store) -> int:
+    """Trials published in the store at ``store`` (0 before it exists)."""
+    from batchlab.store import Store
+    from batchlab.errors import BatchlabError
+
+    try:
+        return Store.open(store).table("trials").num_rows
+    except BatchlabError:
+        return 0
 
 
 def test_the_budget_is_never_exceeded_by_more_than_one_study(tmp_path):
@@ -125,8 +147,8 @@ def test_the_budget_is_never_exceeded_by_more_than_one_study(tmp_path):
     advice = _advise(tmp_path / "store", _config(tmp_path), bracket="2:64", budget_examples=budget, target_ratio=1.01)
     record = advice.record
     assert record["stop"]["reason"] == "budget", record["stop"]
-    largest_study = max(r["examples_bound"] / len(r["batch_sizes"]) if r["action"] == "span bracket" else r["examples_bound"]
-                        for r in record["rounds"])
+    # the config's fixed budget of 400 steps: a study of K trials at B is bounded by K x 400 x B
+    largest_study = max(r["trials"] * 400 * max(r["batch_sizes"]) for r in record["rounds"] if r["batch_sizes"])
     assert record["spent"]["total"] <= budget + largest_study
     assert record["spent"]["total"] == sum(record["spent"][k] for k in ("studies", "throughput", "predictors", "check"))
 

@@ -64,25 +64,12 @@ def write_record(store_path: str | Path, record: dict) -> Path:
         BatchlabError: the store's directory cannot be written (a full disk, a read-only directory):
             one line; the previous record, if any, is unchanged.
     """
-    from batchlab.finite import finite_or_none
+    from batchlab.advise.unit_points import plain
     from batchlab.store.files import store_writes, write_bytes_atomic
 
     path = record_path(store_path, record["advice_id"])
-    data = json.dumps(_jsonable(record, finite_or_none), indent=1, sort_keys=True).encode()
+    data = json.dumps(plain(record), indent=1, sort_keys=True).encode()
     with store_writes(Path(store_path), "write the advice record"):
         path.parent.mkdir(exist_ok=True)
         write_bytes_atomic(path, data)
     return path
-
-
-def _jsonable(value: Any, finite) -> Any:
-    """``value`` with tuples as lists and non-finite floats as ``None`` (JSON has no infinity)."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v, finite) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v, finite) for v in value]
-    if isinstance(value, float):
-        return finite(value)
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # numpy scalars
-        return _jsonable(value.item(), finite)
-    return value

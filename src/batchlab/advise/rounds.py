@@ -18,8 +18,9 @@ and, while B_crit's interval is wider than the target, picks one more study (:fu
   scatter, at the exponential quantiles ``-log(1 - (i + 1/2) / K)`` of the tail scale; doubled trials:
   ``n`` more trials at the study's best steps spread the same way, none better than the best, which
   halves its best-of-K scatter and keeps the tail scale), the unit is refitted, and the
-  option's score is the expected shrinkage of ``log(high / low)`` per example of its bound. The best
-  positive score wins; none positive: no study is expected to narrow the interval, and advise stops.
+  option's score is the expected shrinkage of ``log(high / low)`` per example it is expected to cost
+  (each expected trial stopped at the goal or at its budget; an expected trial beyond the budget does
+  not reach the goal). The best positive score wins; none positive: no study is expected to narrow the interval, and advise stops.
 
 Everything here is deterministic given the store's trials, so a resumed advice takes the same
 decisions.
@@ -41,7 +42,7 @@ SEARCH_FACTOR = 4.0
 class NextStudy:
     """One study to run: ``trials`` trials at ``batch_size`` (a new batch size, or more trials at a
     measured one), why, its examples bound and its score (expected shrinkage of ``log(high/low)`` of
-    B_crit's interval per million examples of the bound; ``None`` when chosen by a rule, not a score)."""
+    B_crit's interval per million examples it is expected to cost; ``None`` when chosen by a rule, not a score)."""
 
     action: str
     batch_size: int
@@ -132,29 +133,37 @@ def next_study(inputs: Mapping, measured: Mapping[int, int], candidates: Sequenc
     now = interval_ratio(low, high)
     theta = 0.0 if scatter is None else float(scatter.tail_scale)
     s_min, e_min = estimate.estimates["s_min"], estimate.estimates["e_min"]
+    if not all(v is not None and math.isfinite(v) and v >= 0 for v in (s_min, e_min)):
+        return None  # no finite curve to expect trials from
     lo_end = low if low and low > 0 else min(measured)
     hi_end = high if high is not None and math.isfinite(high) else max(measured)
     options: list[tuple[NextStudy, dict]] = []
     for b in unmeasured:
         if lo_end / SEARCH_FACTOR <= b <= hi_end * SEARCH_FACTOR:
-            expected = (s_min + e_min / b) * np.exp(theta * exponential_quantiles(trials))
-            options.append((new(b, "a new batch size"), {b: np.ceil(expected)}))
+            expected = np.ceil((s_min + e_min / b) * np.exp(theta * exponential_quantiles(trials)))
+            expected[expected > budget_steps(b)] = np.inf  # beyond the budget: not reached
+            options.append((new(b, "a new batch size"), {b: expected}))
     for b, n in sorted(measured.items()):
         if b in reached and 2 * n <= max_trials:
             # the n new trials, expected no better than the study's best, spread as the trials scatter
             extra = np.ceil(float(np.nanmin(steps[b][np.isfinite(steps[b])])) * np.exp(theta * exponential_quantiles(n)))
+            extra[extra > budget_steps(b)] = np.inf
             options.append((NextStudy("more trials", b, 2 * n, f"doubled trials at B = {b} ({n} -> {2 * n})",
                                       examples_bound(b, n, budget_steps(b))), {b: np.concatenate([steps[b], extra])}))
     best: NextStudy | None = None
     for option, added in options:
         trial_steps = {**steps, **added}
         changed = dict(inputs, trial_steps=trial_steps)
+        b = option.batch_size
         if option.action == "new batch size":
-            b = option.batch_size
-            changed["steps_lower"] = {**inputs["steps_lower"], b: int(math.floor(float(np.min(added[b])) / (1 + resolution)))}
-            changed["censored_at"] = {**inputs["censored_at"], b: None}
+            reach = np.isfinite(added[b])
+            changed["steps_lower"] = {**inputs["steps_lower"],
+                                      b: int(math.floor(float(np.min(added[b])) / (1 + resolution))) if reach.any() else None}
+            changed["censored_at"] = {**inputs["censored_at"], b: None if reach.any() else budget_steps(b)}
+            changed["budget"] = {**(inputs.get("budget") or {}), b: float(budget_steps(b))}
         else:
-            b = option.batch_size
+            if not np.isfinite(added[b][len(steps[b]):]).all():
+                changed["budget"] = {**(inputs.get("budget") or {}), b: float(budget_steps(b))}
             if inputs.get("unknown_from") and b in inputs["unknown_from"]:
                 u = np.asarray(inputs["unknown_from"][b], dtype=float)
                 changed["unknown_from"] = {**inputs["unknown_from"], b: np.concatenate([u, np.full(len(added[b]) - len(u), np.nan)])}
@@ -170,7 +179,10 @@ def next_study(inputs: Mapping, measured: Mapping[int, int], candidates: Sequenc
             why = f"expected to bound B_crit's interval (now open) at {then:.3g}x"
         if not gain > 0:
             continue
-        score = gain / (option.examples_bound / 1e6)
+        # per example it is expected to cost (each trial stops at the goal or its budget), not its bound
+        new_trials = added[b] if option.action == "new batch size" else added[b][len(steps[b]):]
+        cost = b * float(np.sum(np.minimum(new_trials, budget_steps(b))))
+        score = gain / (cost / 1e6)
         if best is None or score > best.score:
             best = NextStudy(option.action, option.batch_size, option.trials, f"{option.reason}: {why}",
                              option.examples_bound, score)

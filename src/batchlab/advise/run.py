@@ -56,6 +56,9 @@ DEFAULT_TRIALS = 4
 LARGEST_CANDIDATE = 2**14
 #: Rounds after round 1 at most (each is one study): a guard, never reached in the measured runs.
 MAX_ROUNDS = 30
+#: Updates per candidate of the throughput probe (the first PROBE_WARMUP untimed), and the most of an
+#: examples budget the probe may take (its candidates, ascending, while their updates x B fit).
+PROBE_UPDATES, PROBE_WARMUP, PROBE_SHARE = 13, 3, 0.1
 #: The seed offset of the check run: its trial's seed is ``seed + CHECK_SEED_OFFSET``, which no study
 #: trial uses (their seeds are digests of their keys, batchlab.sweep.keys.trial_seed).
 CHECK_SEED_OFFSET = 1_000_003
@@ -71,9 +74,15 @@ class Advice:
     def lines(self) -> list[str]:
         """The answer as printed by ``batchlab advise``."""
         r = self.record
-        out = [f"advise {r['settings']['store_workload']} ({r['unit']}): stopped: {r['stop']['text']}"]
+        out = [f"advise {r['settings']['store_workload']} ({r['unit'] or 'no study run'}): stopped: {r['stop']['text']}"]
         rec = r.get("recommendation")
-        out += list(rec.get("lines") or []) if rec else ["no recommendation: no measured batch size reached the goal"]
+        if rec:
+            out += list(rec.get("lines") or [])
+        elif r["rounds"]:
+            out.append("no recommendation: no measured batch size reached the goal; the answer is bounded: steps to "
+                       "the goal exceed each measured budget")
+        else:
+            out.append("no recommendation: stopped before any study")
         check = r.get("check")
         if check:
             out.append(check.get("text") or "")
@@ -145,6 +154,7 @@ def advise(workload: Any, optimizer: str, *, store: str | Path, budget_examples:
     base, candidates = _base_config(workload, optimizer, store, config, search_space, trials, seed, device, workers,
                                     dask, scheduler, train_examples, goal)
     k = base.trials
+    check_options(objective, target_ratio, budget_examples, budget_hours, k, max_trials, level)  # a config's trials too
     k_max = max_trials if max_trials is not None else 4 * k
     if k_max < k:
         raise BatchlabError(f"--max-trials ({k_max}) must be at least the trials per study ({k})")
@@ -179,13 +189,16 @@ def _base_config(workload, optimizer, store, config, search_space, trials, seed,
     """The sweep settings of every study of the advice, and the candidate batch sizes (ascending)."""
     from batchlab.sweep.config import check_names, sweep_config_from_options
 
-    options = {"optimizers": [optimizer], "trials": trials, "store": str(store), "device": device, "workers": workers,
+    options = {"trials": trials, "store": str(store), "device": device, "workers": workers,
                "executor": "dask" if dask else None, "scheduler": scheduler, "train_examples": train_examples,
                "goal": goal}
     if config is None:
-        options.update(batch_sizes=[1], trials=trials or DEFAULT_TRIALS, seed=seed, race=True, batch_order="shared",
-                       stop_at_goal=True)
+        options.update(optimizers=[optimizer], batch_sizes=[1], trials=trials or DEFAULT_TRIALS, seed=seed, race=True,
+                       batch_order="shared", stop_at_goal=True)
     cfg = sweep_config_from_options(workload, config=config, options=options, search_space=search_space)
+    # the file's optimizers replaced after loading, so its search spaces (which enter the sweep id) stay whole:
+    # advise on a sweep's own config continues that sweep's unit
+    cfg = cfg.model_copy(update={"optimizers": [optimizer]})
     if not cfg.stop_at_goal:
         raise BatchlabError("advise needs stop_at_goal = true in --config (steps to the goal are what it measures)")
     # advise's own choices replace budget growth and refined search (neither enters the sweep id): a
@@ -249,22 +262,40 @@ class _State:
     # -- the flow --------------------------------------------------------------------------------------
 
     def run(self, w, bracket_text, memory_limit_bytes, check) -> None:
+        """The flow (module docstring). The recorded rounds are replayed first, in order, exactly as
+        recorded (their sweeps skip what is published; no decision and no budget gate), so a resumed
+        advice continues from the decision the killed one was about to take."""
+        from batchlab.advise.bracket import Bracket
+
+        recorded = list(self.record.get("rounds") or [])
         self.record["status"] = "running"
-        self.record["rounds"] = []  # replayed from the store: each round's sweep skips what is published
+        self.save()  # a store that cannot be written fails here, before anything trains (one line)
+        self.record["rounds"] = []
         self.fits = self._throughput(memory_limit_bytes)
+        if self.record.get("bracket") is not None:
+            self.bracket = Bracket.from_dict(self.record["bracket"])
+        for entry in recorded:
+            self._run_round(entry, replay=True)
+        done = {r["round"] for r in self.record["rounds"]}
         reference = min(self.fits, key=lambda b: (abs(math.log(b / w.default_batch_size)), b))
-        stop = self._budget_stop()
-        if stop is None:
-            self._round(0, "reference", [reference], self.k,
-                        f"the fitting candidate nearest the workload's default batch size {w.default_batch_size}")
+        stop = None
+        if 0 not in done:
             stop = self._budget_stop()
+            if stop is None:
+                self._run_round(self._entry(0, "reference", [reference], self.k, "the fitting candidate nearest the "
+                                            f"workload's default batch size {w.default_batch_size}"))
+        if stop is None and getattr(self, "bracket", None) is None:
+            stop = self._budget_stop()
+            if stop is None:
+                self._bracket(w, bracket_text, reference)
         if stop is None:
-            self._bracket(w, bracket_text, reference)
-            stop = self._rounds()
+            stop = self._rounds(span=1 not in done)
         self.record["stop"] = stop
         self._recommend(stop)
         if check and self.record["recommendation"]:
-            if self._can_start():
+            if self._checked():
+                pass  # measured before this resume
+            elif self._can_start():
                 self._check()
             else:
                 self.record["check"] = {"skipped": True, "text": f"check: not run, the budget is spent ({self._spent_text()})"}
@@ -283,11 +314,18 @@ class _State:
         from batchlab.advise.throughput import Throughput, measure_throughput
 
         if self.record.get("throughput") is None:
-            self.say(f"throughput: step times and the memory probe over {len(self.settings['candidates'])} batch sizes")
+            probed, cost = [], 0
+            for b in self.settings["candidates"]:  # ascending; an examples budget caps the probe at PROBE_SHARE
+                if probed and self.budget_examples is not None and cost + PROBE_UPDATES * b > PROBE_SHARE * self.budget_examples:
+                    break
+                probed.append(b)
+                cost += PROBE_UPDATES * b
+            self.say(f"throughput: step times and the memory probe over {len(probed)} batch sizes")
             started = time.perf_counter()
-            probe = measure_throughput(self.base.workloads[0], self.settings["optimizer"], self.settings["candidates"],
+            probe = measure_throughput(self.base.workloads[0], self.settings["optimizer"], probed,
                                        device=self.base.device, train_examples=self.base.train_examples,
-                                       seed=self.settings["seed"], memory_limit_bytes=memory_limit_bytes)
+                                       seed=self.settings["seed"], memory_limit_bytes=memory_limit_bytes,
+                                       warmup_steps=PROBE_WARMUP, timed_steps=PROBE_UPDATES - PROBE_WARMUP)
             self.record["throughput"] = probe.to_dict()
             self.record["seconds"]["throughput"] = time.perf_counter() - started
             self.save()
@@ -296,7 +334,8 @@ class _State:
         if largest is None:
             raise BatchlabError(f"no candidate batch size fits in memory on {self.throughput.device} "
                                 f"(the smallest, {self.settings['candidates'][0]}, does not)")
-        return [b for b in self.settings["candidates"] if b <= largest]
+        probed = {t.batch_size for t in self.throughput.step_times}
+        return [b for b in self.settings["candidates"] if b <= largest and b in probed]
 
     def _bracket(self, w, bracket_text, reference) -> None:
         from batchlab.advise.bracket import Bracket, given_bracket, predictor_bracket
@@ -326,24 +365,28 @@ class _State:
             self.save()
         self.bracket = Bracket.from_dict(self.record["bracket"])
 
-    def _rounds(self) -> dict:
-        """Round 1 and the adaptive rounds; the stop (``{"reason", "text"}``)."""
+    def _rounds(self, span: bool) -> dict:
+        """Round 1 (when ``span``: not recorded yet) and the adaptive rounds; the stop (``{"reason", "text"}``)."""
         from batchlab.advise.rounds import next_study, spanning_batch_sizes
 
-        points = self._points()
-        measured = {p["batch_size"] for p in points.points}
-        span = [b for b in spanning_batch_sizes(self.bracket.low, self.bracket.high, self.fits) if b not in measured]
-        admitted, left = [], self._left()
-        for b in span:
-            bound = self._bound(b, self.k)
-            if left is None or (not admitted and self._can_start()) or bound <= left:
+        if span:
+            points = self._points()
+            measured = {p["batch_size"] for p in points.points}
+            wanted = [b for b in spanning_batch_sizes(self.bracket.low, self.bracket.high, self.fits) if b not in measured]
+            admitted, left = [], self._left()
+            for b in wanted:  # in order, while their bounds fit in what is left (the first whenever anything is)
+                bound = self._bound(b, self.k)
+                if not (left is None or (not admitted and left > 0) or bound <= left):
+                    break
                 admitted.append(b)
                 left = None if left is None else left - bound
-        if admitted:
-            self._round(1, "span bracket", admitted, self.k,
-                        f"up to 4 candidates spanning the bracket [{self.bracket.low}, {self.bracket.high}]"
-                        + (f" ({len(span) - len(admitted)} left out by the budget)" if len(admitted) < len(span) else ""))
-        for number in range(2, MAX_ROUNDS + 2):
+            self._run_round(self._entry(
+                1, "span bracket", admitted, self.k,
+                f"up to 4 candidates spanning the bracket [{self.bracket.low}, {self.bracket.high}]"
+                + (f" ({len(wanted) - len(admitted)} left out by the budget)" if len(admitted) < len(wanted) else "")
+                + ("" if wanted else ": every one measured already")))
+        number = max(r["round"] for r in self.record["rounds"]) + 1
+        while number <= MAX_ROUNDS + 1:
             points = self._points()
             ratio, b_crit = self._ratio(points)
             if ratio <= self.settings["target_ratio"]:
@@ -356,37 +399,60 @@ class _State:
             if not self._can_start():
                 return {"reason": "budget", "text": f"the budget is spent ({self._spent_text()}); B_crit's interval is "
                                                     f"{_ratio_text(ratio)}, the target {self.settings['target_ratio']}x"}
-            measured = {p["batch_size"]: p["n_trials"] for p in points.points}
+            measured = {p["batch_size"]: p["trials_run"] for p in points.points}  # every stored trial, diverged too
             step = next_study(points.fit_inputs, measured, self.fits, trials=self.k, max_trials=self.k_max,
                               budget_steps=self._budget_steps, level=self.level,
                               resolution=float(self.base.resolution))
             if step is None:
                 return {"reason": "candidates", "text": "no further study is expected to narrow B_crit's interval "
                                                         f"({_ratio_text(ratio)}, the target {self.settings['target_ratio']}x)"}
-            self._round(number, step.action, [step.batch_size], step.trials, step.reason)
-        return {"reason": "rounds", "text": f"the most rounds ({MAX_ROUNDS}) ran"}
+            before = points.trials
+            self._run_round(self._entry(number, step.action, [step.batch_size], step.trials, step.reason,
+                                        bound=step.examples_bound))
+            if self._points().trials == before:  # nothing new was stored: the same decision would repeat
+                return {"reason": "candidates", "text": f"round {number} added no trial ({step.reason}); no other study "
+                                                        "is chosen"}
+            number += 1
+        return {"reason": "rounds", "text": f"the most rounds ({MAX_ROUNDS + 1}) ran"}
 
-    def _round(self, number: int, action: str, batch_sizes: list[int], trials: int, reason: str) -> None:
-        """Run one round (a sweep of ``batch_sizes`` with ``trials`` each) and record it."""
+    def _entry(self, number: int, action: str, batch_sizes: list[int], trials: int, reason: str,
+               bound: int | None = None) -> dict:
+        """A round's record, written before it runs: ``examples_bound`` is the cost bound of its new
+        trials (every new trial run to its whole budget)."""
         from batchlab.advise.rounds import examples_bound
+
+        if bound is None:
+            bound = sum(examples_bound(b, trials, self._budget_steps(b)) for b in batch_sizes)
+        return {"round": number, "action": action, "batch_sizes": sorted(int(b) for b in batch_sizes),
+                "trials": int(trials), "reason": reason, "examples_bound": int(bound)}
+
+    def _run_round(self, entry: dict, replay: bool = False) -> None:
+        """Record the round (status ``started``), run its sweep (nothing when it has no batch size),
+        then record its outcome (status ``done``)."""
         from batchlab.sweep.runner import prepare_sweep, run_sweep
 
-        self.say(f"round {number} ({action}): B = {', '.join(map(str, batch_sizes))}, {trials} trials: {reason}")
-        started = time.perf_counter()
-        plan = prepare_sweep(_config_at(self.base, batch_sizes, trials), self.store)
-        run_sweep(plan, executor_factory=self.executor_factory)
-        self._cached_points, self._studied = None, True
-        seconds = time.perf_counter() - started
+        entry = {k: entry[k] for k in ("round", "action", "batch_sizes", "trials", "reason", "examples_bound")}
+        number = entry["round"]
+        self.record["rounds"].append(dict(entry, status="started"))
+        self.save()
+        if entry["batch_sizes"]:
+            self.say(f"round {number} ({entry['action']}{', replayed' if replay else ''}): B = "
+                     f"{', '.join(map(str, entry['batch_sizes']))}, {entry['trials']} trials: {entry['reason']}")
+            started = time.perf_counter()
+            plan = prepare_sweep(_config_at(self.base, entry["batch_sizes"], entry["trials"]), self.store)
+            run_sweep(plan, executor_factory=self.executor_factory)
+            seconds = time.perf_counter() - started
+            self._cached_points, self._studied = None, True
+        else:
+            seconds = 0.0
         points = self._points()
         ratio, b_crit = self._ratio(points)
         previous = self.record.setdefault("seconds", {}).setdefault("rounds", {})
         previous.setdefault(str(number), seconds)  # a replayed round keeps the time it first took
-        self.record["unit"] = points.unit
-        self.record["rounds"].append({
-            "round": number, "action": action, "batch_sizes": list(batch_sizes), "trials": trials, "reason": reason,
-            "examples_bound": sum(examples_bound(b, trials, self._budget_steps(b)) for b in batch_sizes),
-            "examples_after": points.examples_spent, "b_crit": b_crit, "ratio": None if math.isinf(ratio) else ratio,
-            "seconds": previous[str(number)]})
+        if points.unit:
+            self.record["unit"] = points.unit
+        self.record["rounds"][-1] = dict(entry, status="done", examples_after=points.examples_spent, b_crit=b_crit,
+                                         ratio=None if math.isinf(ratio) else ratio, seconds=previous[str(number)])
         self._account()
         self.save()
 
@@ -403,16 +469,21 @@ class _State:
         self.record["recommendation"] = rec.to_dict()
         self.recommendation = rec
 
+    def _checked(self) -> bool:
+        """Whether the record holds a check run of the recommendation (batch size and metaparameters)."""
+        rec, done = self.record["recommendation"], self.record.get("check")
+        return bool(done and not done.get("skipped") and done.get("batch_size") == rec["batch_size"]
+                    and done.get("hyperparameters") == rec["hyperparameters"])
+
     def _check(self) -> None:
         from batchlab.advise.check import check_recommendation
         from batchlab.advise.recommend import check_interval
 
         rec = self.record["recommendation"]
-        done = self.record.get("check")
-        if done and not done.get("skipped") and done.get("batch_size") == rec["batch_size"] and done.get("hyperparameters") == rec["hyperparameters"]:
-            return  # measured before this resume
         low, high = check_interval(self.recommendation, level=self.level)
         b = int(rec["batch_size"])
+        if high is not None:  # the check trial stops at its budget: a prediction beyond it is the budget
+            high = min(high, float(self._budget_steps(b)))
         self.say(f"check: one more trial at B = {b} with a fresh seed")
         started = time.perf_counter()
         result = check_recommendation(self.base.workloads[0], self.settings["optimizer"], b, rec["hyperparameters"],
@@ -437,7 +508,8 @@ class _State:
             if not getattr(self, "_studied", False):  # before round 0 the store may hold no trial of the sweep
                 return UnitPoints(unit="", goal={}, points=[])
             self._cached_points = unit_points(self.store, workload=self.settings["store_workload"],
-                                              sweep=self.settings["sweep"], level=self.level, seed=self.settings["seed"])
+                                              sweep=self.settings["sweep"], device=self.settings["device"],
+                                              level=self.level, seed=self.settings["seed"])
         return self._cached_points
 
     def _budget_steps(self, batch_size: int) -> int:

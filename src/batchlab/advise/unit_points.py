@@ -193,9 +193,11 @@ class UnitPoints:
                    max_trials=data.get("max_trials"))
 
 
-def find_unit(units, unit_name: str | None = None, *, workload: str | None = None, sweep: str | None = None):
+def find_unit(units, unit_name: str | None = None, *, workload: str | None = None, sweep: str | None = None,
+              device: str | None = None):
     """The unit called ``unit_name`` (:attr:`Unit.name`), or the one of store workload ``workload``
-    whose group is ``sweep <sweep>`` (on any device: ``sweep <id> cuda`` too when it is the only one).
+    whose group is ``sweep <sweep>`` (with ``device``, a device type: exactly that device's group, ``sweep <id>``
+    on the CPU and ``sweep <id> <type>`` elsewhere; without it any device's, when only one matches).
 
     Raises:
         BatchlabError: neither a name nor workload and sweep given, or no (or more than one) unit
@@ -210,8 +212,12 @@ def find_unit(units, unit_name: str | None = None, *, workload: str | None = Non
         return found[0]
     if workload is None or sweep is None:
         raise BatchlabError("unit_points needs a unit name, or a store workload and a sweep id")
-    found = [u for u in units if u.workload == workload and (u.group == f"sweep {sweep}"
-                                                            or u.group.startswith(f"sweep {sweep} "))]
+    if device is not None:  # the group of that device type only (batchlab.analysis.units: "sweep <id> <type>")
+        group = f"sweep {sweep}" if device == "cpu" else f"sweep {sweep} {device}"
+        found = [u for u in units if u.workload == workload and u.group == group]
+    else:
+        found = [u for u in units if u.workload == workload and (u.group == f"sweep {sweep}"
+                                                                or u.group.startswith(f"sweep {sweep} "))]
     if len(found) != 1:
         what = "no unit" if not found else f"{len(found)} units"
         raise BatchlabError(f"{what} of workload {workload!r} with sweep {sweep!r} in the store; allowed: {names}")
@@ -219,8 +225,8 @@ def find_unit(units, unit_name: str | None = None, *, workload: str | None = Non
 
 
 def unit_points(store_path: str | Path, unit_name: str | None = None, *, workload: str | None = None,
-                sweep: str | None = None, level: float = 0.9, n_boot: int = 200, seed: int = 0,
-                tolerance: float = 0.1) -> UnitPoints:
+                sweep: str | None = None, device: str | None = None, level: float = 0.9, n_boot: int = 200,
+                seed: int = 0, tolerance: float = 0.1) -> UnitPoints:
     """Read one unit of the store at ``store_path`` as ``batchlab analyze`` does (module docstring).
 
     The unit: ``unit_name``, or ``workload`` (``dataset/model/optimizer``) with ``sweep`` (a sweep id)
@@ -243,7 +249,7 @@ def unit_points(store_path: str | Path, unit_name: str | None = None, *, workloa
     check_resampling(n_boot, level, seed)
     con = Store.open(store_path, create=False).connect()
     try:
-        unit = find_unit(find_units(con), unit_name, workload=workload, sweep=sweep)
+        unit = find_unit(find_units(con), unit_name, workload=workload, sweep=sweep, device=device)
         with restricted(con, unit):
             goal, why = unit_goal(unit, con)
             if goal is None:
