@@ -13,7 +13,9 @@ and, while B_crit's interval is wider than the target, picks one more study (:fu
 * B_crit's interval is open above (below): the next unmeasured candidate above the largest (below the
   smallest) measured batch size;
 * otherwise every *option* is scored: a new candidate batch size within a factor 4 of the interval's
-  ends, or doubled trials at a measured batch size (up to ``max_trials``). Its expected trials are
+  ends, or doubled trials at a measured batch size that reached the goal or lies between two that did
+  (up to ``max_trials``; an unreached one's expected trials are at the fitted S(B)). While the interval
+  stays open and no option is expected to bound it, the cheapest study of more trials runs. Its expected trials are
   added to the store's (a new batch size: K trials at the fitted S(B), spread by the trials' own
   scatter, at the exponential quantiles ``-log(1 - (i + 1/2) / K)`` of the tail scale; doubled trials:
   ``n`` more trials at the study's best steps spread the same way, none better than the best, which
@@ -144,13 +146,17 @@ def next_study(inputs: Mapping, measured: Mapping[int, int], candidates: Sequenc
             expected[expected > budget_steps(b)] = np.inf  # beyond the budget: not reached
             options.append((new(b, "a new batch size"), {b: expected}))
     for b, n in sorted(measured.items()):
-        if b in reached and 2 * n <= max_trials:
-            # the n new trials, expected no better than the study's best, spread as the trials scatter
-            extra = np.ceil(float(np.nanmin(steps[b][np.isfinite(steps[b])])) * np.exp(theta * exponential_quantiles(n)))
+        inside = reached[0] < b < reached[-1]  # unreached between reached batch sizes: under-searched there
+        if (b in reached or inside) and 2 * n <= max_trials and b in steps:
+            # the n new trials, expected no better than the study's best (unreached: the fitted S(B)),
+            # spread as the trials scatter
+            start = float(np.nanmin(steps[b][np.isfinite(steps[b])])) if b in reached else s_min + e_min / b
+            extra = np.ceil(start * np.exp(theta * exponential_quantiles(n)))
             extra[extra > budget_steps(b)] = np.inf
             options.append((NextStudy("more trials", b, 2 * n, f"doubled trials at B = {b} ({n} -> {2 * n})",
                                       examples_bound(b, n, budget_steps(b))), {b: np.concatenate([steps[b], extra])}))
     best: NextStudy | None = None
+    cheapest: tuple[float, NextStudy] | None = None  # an open interval's fallback: the cheapest more trials
     for option, added in options:
         trial_steps = {**steps, **added}
         changed = dict(inputs, trial_steps=trial_steps)
@@ -162,11 +168,20 @@ def next_study(inputs: Mapping, measured: Mapping[int, int], candidates: Sequenc
             changed["censored_at"] = {**inputs["censored_at"], b: None if reach.any() else budget_steps(b)}
             changed["budget"] = {**(inputs.get("budget") or {}), b: float(budget_steps(b))}
         else:
-            if not np.isfinite(added[b][len(steps[b]):]).all():
+            extra = added[b][len(steps[b]):]
+            if b not in reached and np.isfinite(extra).any():  # an unreached study expected to reach now
+                changed["steps_lower"] = {**inputs["steps_lower"],
+                                          b: int(math.floor(float(np.min(extra)) / (1 + resolution)))}
+                changed["censored_at"] = {**inputs["censored_at"], b: None}
+            if not np.isfinite(extra).all():
                 changed["budget"] = {**(inputs.get("budget") or {}), b: float(budget_steps(b))}
             if inputs.get("unknown_from") and b in inputs["unknown_from"]:
                 u = np.asarray(inputs["unknown_from"][b], dtype=float)
                 changed["unknown_from"] = {**inputs["unknown_from"], b: np.concatenate([u, np.full(len(added[b]) - len(u), np.nan)])}
+        new_trials = added[b] if option.action == "new batch size" else added[b][len(steps[b]):]
+        cost = b * float(np.sum(np.minimum(new_trials, budget_steps(b))))
+        if option.action == "more trials" and (cheapest is None or cost < cheapest[0]):
+            cheapest = (cost, option)
         after = _fit(changed, level, tolerance)
         if after is None:
             continue
@@ -180,12 +195,15 @@ def next_study(inputs: Mapping, measured: Mapping[int, int], candidates: Sequenc
         if not gain > 0:
             continue
         # per example it is expected to cost (each trial stops at the goal or its budget), not its bound
-        new_trials = added[b] if option.action == "new batch size" else added[b][len(steps[b]):]
-        cost = b * float(np.sum(np.minimum(new_trials, budget_steps(b))))
         score = gain / (cost / 1e6)
         if best is None or score > best.score:
             best = NextStudy(option.action, option.batch_size, option.trials, f"{option.reason}: {why}",
                              option.examples_bound, score)
+    if best is None and not math.isfinite(now) and cheapest is not None:
+        option = cheapest[1]
+        return NextStudy(option.action, option.batch_size, option.trials,
+                         f"{option.reason}: no study is expected to bound B_crit's interval (now open): the cheapest "
+                         "study of more trials", option.examples_bound)
     return best
 
 
