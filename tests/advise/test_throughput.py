@@ -113,7 +113,7 @@ def test_bad_batch_sizes_are_one_line_errors(sizes, fragment):
 
 
 def test_bad_settings_fail_before_anything_runs():
-    with pytest.raises(BatchlabError, match="timed steps must be an integer >= 1"):
+    with pytest.raises(BatchlabError, match="timed steps must be >= 1"):
         measure_throughput(WORKLOAD, "sgd", [8], device="cpu", train_examples=4096, timed_steps=0)
     with pytest.raises(BatchlabError, match="memory limit"):
         measure_throughput(WORKLOAD, "sgd", [8], device="cpu", train_examples=4096, memory_limit_bytes=-1)

@@ -56,7 +56,7 @@ from typing import Any
 
 import torch
 
-from batchlab.errors import BatchlabError
+from batchlab.errors import BatchlabError, checked_int
 
 __all__ = ["MemoryProbe", "StepTime", "Throughput", "is_out_of_memory", "measure_throughput"]
 
@@ -224,15 +224,10 @@ def _checked_batch_sizes(batch_sizes: Any, num_train: int) -> list[int]:
 
 
 def _count(name: str, value: Any, minimum: int) -> int:
+    """``value`` as an int >= ``minimum`` (not a bool); else a one-line error naming ``name``."""
     if isinstance(value, bool):
         raise BatchlabError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise BatchlabError(f"{name} must be an integer >= {minimum}, got {value!r}") from None
-    if value < minimum:
-        raise BatchlabError(f"{name} must be an integer >= {minimum}, got {value}")
-    return int(value)
+    return int(checked_int(name, value, minimum))
 
 
 def _training_set_size(workload: Any, train_examples: int | None) -> int:
