@@ -93,7 +93,7 @@ def test_known_answer_b_crit_and_recommendation_match_the_exact_nqm(tmp_path):
 def test_resume_after_sigkill_mid_round_gives_the_same_answer(tmp_path):
     config = _config(tmp_path)
     args = ["nqm/quadratic", "--optimizer", "sgd", "--config", config, "--bracket", "2:64", "--objective", "examples",
-            "--target-ratio", "4", "--max-trials", "8", "--no-check", "--workers", "1", "--json"]
+            "--target-ratio", "4", "--study-trials", "8", "--no-check", "--workers", "1", "--json"]
     whole = _cli(*args, "--store", str(tmp_path / "whole"))
     assert whole.returncode == 0, whole.stderr
     expected = json.loads(whole.stdout)

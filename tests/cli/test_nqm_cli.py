@@ -365,12 +365,12 @@ def _eager_app():
     import typer
 
     import batchlab.cli as cli
-    from batchlab.cli import analyze, nqm, plot, predict, probe, report, store, sweep, train
+    from batchlab.cli import advise, analyze, nqm, plot, predict, probe, report, store, sweep, train
 
     app = typer.Typer(name="batchlab", help=cli.app.info.help, no_args_is_help=True, invoke_without_command=False,
                       add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
     app.command("version")(cli.version)
-    for module in (nqm, store, analyze, plot, probe, train, sweep, report, predict):
+    for module in (nqm, store, analyze, plot, probe, train, sweep, report, predict, advise):
         module.register(app)
     app.callback()(cli._root)
     return app

@@ -35,7 +35,7 @@ def test_shared_options_have_one_declaration():
     for flag in ("--max-trials", "--status", "--study", "--mix-studies", "--maximize"):
         assert len(seen[flag]) == 1, (flag, seen[flag])  # one help text: one declaration
         assert len(next(iter(seen[flag].values()))) >= 8  # analyze (2) and plot (6) commands
-    for flag, commands in (("--device", ["predict", "probe branched", "probe noise-scale", "probe spectrum", "study",
+    for flag, commands in (("--device", ["advise", "predict", "probe branched", "probe noise-scale", "probe spectrum", "study",
                                          "sweep", "train"]),
                            ("--refine", ["study", "train"]),
                            ("--eval-budget", ["study", "train"])):

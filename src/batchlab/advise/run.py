@@ -111,11 +111,11 @@ def check_options(objective: str, target_ratio: float, budget_examples: Any, bud
         raise BatchlabError(f"--budget-examples must be an integer >= 1 (training examples), got {budget_examples!r}")
     if budget_hours is not None and (not finite_real(budget_hours) or not budget_hours > 0):
         raise BatchlabError(f"--budget-hours must be a finite number > 0, got {budget_hours!r}")
-    for name, value in (("--trials", trials), ("--max-trials", max_trials)):
+    for name, value in (("--trials", trials), ("--study-trials", max_trials)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 2 <= value <= 1024):
             raise BatchlabError(f"{name} must be an integer from 2 to 1024 (racing needs two trials), got {value!r}")
     if trials is not None and max_trials is not None and max_trials < trials:
-        raise BatchlabError(f"--max-trials ({max_trials}) must be at least --trials ({trials})")
+        raise BatchlabError(f"--study-trials ({max_trials}) must be at least --trials ({trials})")
     if not finite_real(level) or not 0 < level < 1:
         raise BatchlabError(f"--level must lie in (0, 1), got {level!r}")
 
@@ -157,7 +157,7 @@ def advise(workload: Any, optimizer: str, *, store: str | Path, budget_examples:
     check_options(objective, target_ratio, budget_examples, budget_hours, k, max_trials, level)  # a config's trials too
     k_max = max_trials if max_trials is not None else 4 * k
     if k_max < k:
-        raise BatchlabError(f"--max-trials ({k_max}) must be at least the trials per study ({k})")
+        raise BatchlabError(f"--study-trials ({k_max}) must be at least the trials per study ({k})")
     if bracket is not None:
         from batchlab.advise.bracket import given_bracket
 

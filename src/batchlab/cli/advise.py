@@ -2,7 +2,7 @@
 
 ``batchlab advise WORKLOAD --optimizer NAME --store DIR [--budget-examples N | --budget-hours H]
 [--objective time|examples] [--target-ratio R] [--device ...] [--workers K | --dask | --scheduler ADDR]
-[--config FILE] [--search-space FILE] [--trials K] [--max-trials K] [--bracket LO:HI] [--no-check]
+[--config FILE] [--search-space FILE] [--trials K] [--study-trials K] [--bracket LO:HI] [--no-check]
 [--json]``: the work is :func:`batchlab.advise.run.advise` (docs/methods.md, "Advise"; docs/tutorial.md
 walks through it). Re-running the same command resumes. No ``from __future__ import annotations``
 (typer reads the annotations).
@@ -48,7 +48,7 @@ def advise(
     trials: Annotated[Optional[int], typer.Option(
         "--trials", help="Trials (search-space points) of a new study (default: the config's, else 4).")] = None,
     max_trials: Annotated[Optional[int], typer.Option(
-        "--max-trials", help="The most trials a study may be grown to (default: 4x --trials).")] = None,
+        "--study-trials", help="The most trials a study may be grown to (default: 4x --trials).")] = None,
     bracket: Annotated[Optional[str], typer.Option(
         "--bracket", metavar="LO:HI", help="Start from this bracket of B_crit instead of the predictors'.")] = None,
     train_examples: opt.TrainExamples = None,
