@@ -57,7 +57,7 @@ def advise(
     check: Annotated[bool, typer.Option(
         "--check/--no-check", help="Train the recommendation once more with a fresh seed and say whether it reaches "
                                    "the goal within the predicted interval.")] = True,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the studies' points and trials.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the studies' points and trials (with --config: the file's seed).")] = 0,
     level: opt.Level = 0.9,
     json_output: ADVISE_JSON = False,
 ) -> None:
