@@ -23,8 +23,9 @@ number carries an interval at ``level`` and the trials it rests on:
   recommended one's.
 * the **trade-off table**: every measured B with steps, examples, seconds and what doubling the batch
   buys, ``steps(B) / steps(2B)`` (2: perfect scaling, 1: nothing), where 2B was measured.
-* the **learning-rate rule** (:func:`learning_rate_rule`), the **batch-size warmup**
-  (:func:`warmup_schedule`) and the **check's predicted interval** for one fresh trial
+* the **learning-rate rule** and the **batch-size warmup** (:mod:`batchlab.advise.rules`:
+  :func:`~batchlab.advise.rules.learning_rate_rule`, :func:`~batchlab.advise.rules.warmup_schedule`),
+  and the **check's predicted interval** for one fresh trial
   (:func:`predicted_check`), each defined where it is computed.
 """
 
