@@ -155,9 +155,7 @@ def advise(workload: Any, optimizer: str, *, store: str | Path, budget_examples:
                                     dask, scheduler, train_examples, goal)
     k = base.trials
     check_options(objective, target_ratio, budget_examples, budget_hours, k, max_trials, level)  # a config's trials too
-    k_max = max_trials if max_trials is not None else 4 * k
-    if k_max < k:
-        raise BatchlabError(f"--study-trials ({k_max}) must be at least the trials per study ({k})")
+    k_max = max_trials if max_trials is not None else 4 * k  # check_options refused max_trials < k
     if bracket is not None:
         from batchlab.advise.bracket import given_bracket
 
@@ -334,8 +332,7 @@ class _State:
         if largest is None:
             raise BatchlabError(f"no candidate batch size fits in memory on {self.throughput.device} "
                                 f"(the smallest, {self.settings['candidates'][0]}, does not)")
-        probed = {t.batch_size for t in self.throughput.step_times}
-        return [b for b in self.settings["candidates"] if b <= largest and b in probed]
+        return sorted(t.batch_size for t in self.throughput.step_times)  # timed: exactly the probed ones that fit
 
     def _bracket(self, w, bracket_text, reference) -> None:
         from batchlab.advise.bracket import Bracket, given_bracket, predictor_bracket
