@@ -3,7 +3,8 @@
 For each entry (a workload and optimizer with a committed full sweep, ``ENTRIES``) this runs
 :func:`batchlab.advise.advise` with ``config=`` the committed sweep's TOML (so the same budgets, search
 spaces, goal, evaluation schedule, racing and batch order; its ``batch_sizes`` are advise's candidates),
-4 trials per study, objective ``time``, the default target ratio 1.5, no budget, the check on, one
+the committed config's trials per study, a budget of a tenth of the full protocol (``--budget-examples``),
+objective ``time``, the default target ratio 1.5, the check on, one
 worker, into a resumable store ``runs/advise_cost/<name>`` (re-running resumes from the store). Then it
 compares, per entry (protocol: experiments/advise/README.md; definitions: docs/methods.md, "Measuring
 advise against full sweeps"):
@@ -51,8 +52,10 @@ from pathlib import Path  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 #: The claim: advise's compute at most this fraction of the full protocol's.
 GOAL_RATIO = 10.0
-TRIALS = 4
 TARGET_RATIO = 1.5
+#: advise's budget: this fraction of each entry's full protocol (``budget_examples``), so the compute
+#: side of the goal holds unless a study runs past the budget (at most one study may).
+BUDGET_FRACTION = 0.1
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,13 @@ def full_protocol(config: str) -> dict:
     trials = int(settings["trials"])
     return {"examples": sum(trials * budgets[b] * b for b in sizes), "batch_sizes": sizes, "trials": trials,
             "raced": bool(settings.get("race")), "grow_budget": bool(settings.get("grow_budget"))}
+
+
+def advise_settings(entry: Entry) -> tuple[int, int]:
+    """advise's trials per study (the committed config's own ``trials``) and its examples budget
+    (``BUDGET_FRACTION`` of the full protocol, rounded down)."""
+    full = full_protocol(entry.config)
+    return full["trials"], int(full["examples"] * BUDGET_FRACTION)
 
 
 def full_sweep_b_crit(entry: Entry) -> dict:
@@ -256,10 +266,11 @@ def run_entry(entry: Entry, store_root: Path) -> dict:
     def say(message: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {entry.name}: {message}", flush=True)
 
-    say(f"advise {entry.workload} --optimizer {entry.optimizer} --config {entry.config} --trials {TRIALS} "
-        f"--store {store_root / entry.name}")
+    trials, budget = advise_settings(entry)
+    say(f"advise {entry.workload} --optimizer {entry.optimizer} --config {entry.config} --study-trials {trials} "
+        f"--budget-examples {budget} --store {store_root / entry.name}")
     result = advise(entry.workload, entry.optimizer, store=store_root / entry.name, config=ROOT / entry.config,
-                    trials=TRIALS, objective="time", target_ratio=TARGET_RATIO, workers=1, check=True, seed=0,
+                    trials=trials, budget_examples=budget, objective="time", target_ratio=TARGET_RATIO, workers=1, check=True, seed=0,
                     progress=say)
     seconds = time.time() - started
     for line in result.lines():
@@ -269,8 +280,16 @@ def run_entry(entry: Entry, store_root: Path) -> dict:
 
 def write(rows: list[dict], out: Path) -> None:
     """Merge ``rows`` into ``out/advise_cost.jsonl`` (by name) and rewrite ``advise_cost.txt``."""
+    import fcntl
+
     out.mkdir(parents=True, exist_ok=True)
     path = out / "advise_cost.jsonl"
+    with open(out / ".advise_cost.lock", "w") as lock:  # two runs with --only may finish at once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _merge(rows, out, path)
+
+
+def _merge(rows: list[dict], out: Path, path: Path) -> None:
     kept = {}
     if path.exists():
         for line in path.read_text().splitlines():
@@ -280,8 +299,14 @@ def write(rows: list[dict], out: Path) -> None:
     kept.update({r["name"]: r for r in rows})
     order = [e.name for e in ENTRIES]
     merged = sorted(kept.values(), key=lambda r: order.index(r["name"]) if r["name"] in order else len(order))
-    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in merged))
-    (out / "advise_cost.txt").write_text("\n".join(table(merged)) + "\n")
+    _write_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in merged))
+    _write_atomic(out / "advise_cost.txt", "\n".join(table(merged)) + "\n")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def rewrite(entries: list[Entry], store_root: Path, out: Path) -> list[dict]:
@@ -321,10 +346,12 @@ def main() -> None:
         print(f"{'entry':<15}{'workload':<48}{'optimizer':<10}{'full B_crit':>20}{'full protocol':>16}  rule")
         for e in entries:
             full, sweep = full_protocol(e.config), full_sweep_b_crit(e)
+            trials, budget = advise_settings(e)
             print(f"{e.name:<15}{e.workload:<48}{e.optimizer:<10}{_interval(sweep):>20}{full['examples']:>16,}  "
                   f"{len(full['batch_sizes'])} batch sizes {full['batch_sizes'][0]}..{full['batch_sizes'][-1]} x "
-                  f"{full['trials']} trials x {e.config} budgets x B")
-        print(f"advise settings: trials {TRIALS}, objective time, target ratio {TARGET_RATIO}, check on, workers 1, "
+                  f"{full['trials']} trials x {e.config} budgets x B; advise: {trials} trials a study, budget "
+                  f"{budget:,} examples")
+        print(f"advise settings: objective time, target ratio {TARGET_RATIO}, check on, workers 1, "
               f"stores {args.store_root}/<entry>")
         return
     args.store_root.mkdir(parents=True, exist_ok=True)  # the sweep wants a store's parent to exist
