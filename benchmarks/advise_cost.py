@@ -30,7 +30,8 @@ per entry; ``--only`` replaces that entry's line and keeps the others).
 
 Run (hours of CPU on 2 shared cores): ``OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venv/bin/python
 benchmarks/advise_cost.py``; ``--dry-run`` prints the entries and their full-protocol compute without
-training; ``--only NAME`` runs one entry.
+training; ``--only NAME`` runs one entry; ``--check-after`` runs, for every finished entry whose check the
+budget skipped, that check outside advise's budget (reported as ``check_after``, never in advise's examples).
 """
 
 from __future__ import annotations
@@ -225,6 +226,9 @@ def table(rows: list[dict]) -> list[str]:
         lr = rec and rec.get("learning_rate")
         rec_text = "-" if not rec else f"B={rec['batch_size']} lr={lr:.3g}" if lr else f"B={rec['batch_size']}"
         c = r["check"] or {}
+        after = c.get("skipped") and r.get("check_after")
+        if after:
+            c = after
         if not c:
             check_text = "-"
         elif c.get("skipped"):
@@ -233,6 +237,8 @@ def table(rows: list[dict]) -> list[str]:
             check_text = "not reached"
         else:
             check_text = f"{c['steps']} " + {True: "within", False: "outside", None: "no pred."}[c.get("within")]
+        if after:
+            check_text += "*"
         out.append(f"{r['name']:<15}{_interval(r['b_crit']):>20}{_interval(r['full_b_crit']):>20}"
                    f"{'y' if r['inside'] else 'n':>4}{'y' if r['overlap'] else 'n':>5}{r['examples']:>13,}"
                    f"{r['fraction']:>10.3f}{r['full_over_advise'] or 0:>9.2f}  {(r['stop'] or {}).get('reason', '-'):<11}"
@@ -254,6 +260,9 @@ def table(rows: list[dict]) -> list[str]:
         c = r["check"] or {}
         if c.get("text"):
             out.append(f"check {r['name']}: {c['text']}")
+        if (r.get("check_after") or {}).get("text"):
+            out.append(f"check after advise (*: outside its budget, not in its examples) {r['name']}: "
+                       f"{r['check_after']['text']}")
     return out
 
 
@@ -276,6 +285,39 @@ def run_entry(entry: Entry, store_root: Path) -> dict:
     for line in result.lines():
         say(line)
     return compare(entry, result.record, seconds)
+
+
+def check_after(entry: Entry, store_root: Path) -> dict | None:
+    """The check advise skips when its budget is spent, run after it, outside its budget: one fresh trial
+    of the record's recommendation exactly as advise's own check step runs it (the same seed offset, step
+    budget, goal, evaluations and predicted interval capped at the budget). ``None`` when the record's own
+    check ran (or there is no recommendation). Its examples are reported beside advise's, never in them."""
+    from batchlab.advise.check import check_recommendation
+    from batchlab.advise.run import CHECK_SEED_OFFSET, _base_config  # the settings advise's own studies ran with
+    from batchlab.sweep.config import steps_from_rule
+    from batchlab.workloads import get_workload
+
+    records = [json.loads(p.read_text()) for p in sorted((store_root / entry.name / "advice").glob("*.json"))]
+    done = [r for r in records if r.get("status") == "done"]
+    if len(done) != 1:
+        return None
+    record = done[0]
+    rec, own = record.get("recommendation"), record.get("check") or {}
+    if not rec or not own.get("skipped"):
+        return None
+    trials, _ = advise_settings(entry)
+    cfg, _ = _base_config(entry.workload, entry.optimizer, store_root / entry.name, ROOT / entry.config, None, trials,
+                          0, "auto", 1, False, None, None, None)
+    b = int(rec["batch_size"])
+    steps = steps_from_rule(cfg.budget_rule(get_workload(cfg.workloads[0])), b)
+    low, high = (rec.get("check") or {}).get("low"), (rec.get("check") or {}).get("high")
+    if high is not None:
+        high = min(float(high), float(steps))
+    result = check_recommendation(cfg.workloads[0], entry.optimizer, b, rec["hyperparameters"], steps=steps,
+                                  predicted_low=low, predicted_high=high, seed=record["settings"]["seed"] + CHECK_SEED_OFFSET,
+                                  device=cfg.device, train_examples=cfg.train_examples, goal=cfg.goal,
+                                  evaluations=cfg.evaluations, resolution=float(cfg.resolution))
+    return dict(result.to_dict(), outside_budget=True)
 
 
 def write(rows: list[dict], out: Path) -> None:
@@ -335,8 +377,24 @@ def main() -> None:
     parser.add_argument("--rewrite", action="store_true",
                         help="recompute the comparison from the stores' finished advice records (the minutes from "
                              "the results file); train nothing")
+    parser.add_argument("--check-after", action="store_true",
+                        help="for each finished entry whose check the budget skipped, run that check now, outside "
+                             "advise's budget, and add it to the entry's results (check_after)")
     args = parser.parse_args()
     entries = [e for e in ENTRIES if not args.only or e.name in args.only]
+    if args.check_after:
+        path = args.out / "advise_cost.jsonl"
+        kept = {r["name"]: r for r in map(json.loads, path.read_text().splitlines()) if r} if path.exists() else {}
+        rows = []
+        for e in entries:
+            if e.name in kept and not kept[e.name].get("check_after"):
+                print(f"[{time.strftime('%H:%M:%S')}] {e.name}: the check, after advise, outside its budget", flush=True)
+                result = check_after(e, args.store_root)
+                if result is not None:
+                    rows.append(dict(kept[e.name], check_after=result))
+        write(rows, args.out)
+        print((args.out / "advise_cost.txt").read_text(), flush=True)
+        return
     if args.rewrite:
         rows = rewrite(entries, args.store_root, args.out)
         write(rows, args.out)
