@@ -297,17 +297,14 @@ def check_after(entry: Entry, store_root: Path) -> dict | None:
     from batchlab.sweep.config import steps_from_rule
     from batchlab.workloads import get_workload
 
-    records = [json.loads(p.read_text()) for p in sorted((store_root / entry.name / "advice").glob("*.json"))]
-    done = [r for r in records if r.get("status") == "done"]
-    if len(done) != 1:
-        return None
-    record = done[0]
+    record = finished_record(entry, store_root) or {}
     rec, own = record.get("recommendation"), record.get("check") or {}
     if not rec or not own.get("skipped"):
         return None
     trials, _ = advise_settings(entry)
-    cfg, _ = _base_config(entry.workload, entry.optimizer, store_root / entry.name, ROOT / entry.config, None, trials,
-                          0, "auto", 1, False, None, None, None)
+    cfg, _ = _base_config(entry.workload, entry.optimizer, store=store_root / entry.name, config=ROOT / entry.config,
+                          search_space=None, trials=trials, seed=record["settings"]["seed"], device="auto", workers=1,
+                          dask=False, scheduler=None, train_examples=None, goal=None)
     b = int(rec["batch_size"])
     steps = steps_from_rule(cfg.budget_rule(get_workload(cfg.workloads[0])), b)
     low, high = (rec.get("check") or {}).get("low"), (rec.get("check") or {}).get("high")
@@ -332,12 +329,7 @@ def write(rows: list[dict], out: Path) -> None:
 
 
 def _merge(rows: list[dict], out: Path, path: Path) -> None:
-    kept = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                kept[row["name"]] = row
+    kept = rows_by_name(out)
     kept.update({r["name"]: r for r in rows})
     order = [e.name for e in ENTRIES]
     merged = sorted(kept.values(), key=lambda r: order.index(r["name"]) if r["name"] in order else len(order))
@@ -353,18 +345,32 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def rewrite(entries: list[Entry], store_root: Path, out: Path) -> list[dict]:
     """The comparison rows of ``entries`` recomputed from their stores' finished advice records, with
-    the minutes measured when they ran (from ``out/advise_cost.jsonl``)."""
-    path = out / "advise_cost.jsonl"
-    seconds = {}
-    if path.exists():
-        seconds = {r["name"]: r["seconds"] for r in map(json.loads, path.read_text().splitlines()) if r}
+    the minutes measured when they ran and any ``check_after`` (from ``out/advise_cost.jsonl``)."""
+    kept = rows_by_name(out)
     rows = []
     for e in entries:
-        records = [json.loads(p.read_text()) for p in sorted((store_root / e.name / "advice").glob("*.json"))]
-        done = [r for r in records if r.get("status") == "done"]
-        if len(done) == 1 and e.name in seconds:
-            rows.append(compare(e, done[0], seconds[e.name]))
+        record = finished_record(e, store_root)
+        if record is not None and e.name in kept:
+            row = compare(e, record, kept[e.name]["seconds"])
+            if kept[e.name].get("check_after"):
+                row["check_after"] = kept[e.name]["check_after"]
+            rows.append(row)
     return rows
+
+
+def rows_by_name(out: Path) -> dict[str, dict]:
+    """The rows of ``out/advise_cost.jsonl`` by entry name (empty when there is none)."""
+    path = out / "advise_cost.jsonl"
+    if not path.exists():
+        return {}
+    return {row["name"]: row for row in map(json.loads, filter(str.strip, path.read_text().splitlines()))}
+
+
+def finished_record(entry: Entry, store_root: Path) -> dict | None:
+    """The entry's store's one finished advice record, else ``None``."""
+    records = [json.loads(p.read_text()) for p in sorted((store_root / entry.name / "advice").glob("*.json"))]
+    done = [r for r in records if r.get("status") == "done"]
+    return done[0] if len(done) == 1 else None
 
 
 def main() -> None:
@@ -383,8 +389,7 @@ def main() -> None:
     args = parser.parse_args()
     entries = [e for e in ENTRIES if not args.only or e.name in args.only]
     if args.check_after:
-        path = args.out / "advise_cost.jsonl"
-        kept = {r["name"]: r for r in map(json.loads, path.read_text().splitlines()) if r} if path.exists() else {}
+        kept = rows_by_name(args.out)
         rows = []
         for e in entries:
             if e.name in kept and not kept[e.name].get("check_after"):
