@@ -77,16 +77,25 @@ def unknown_name_error(kind: str, name: str, known: Iterable[str]) -> BatchlabEr
     return BatchlabError(f"unknown {kind} {name!r}{hint}; known: {', '.join(known)}")
 
 
-def checked_int(name: str, value: Any, minimum: int) -> int:
-    """``value`` as an ``int`` (anything with ``__index__``; not a float), at least ``minimum``; else a
-    one-line :class:`BatchlabError` naming ``name``."""
+def checked_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
+    """``value`` as an ``int`` (anything with ``__index__``, e.g. a numpy integer; not a float and not a
+    bool), at least ``minimum`` (and at most ``maximum`` when given); else a one-line
+    :class:`BatchlabError` naming ``name`` and the allowed values: ``NAME must be an integer >= MINIMUM,
+    got VALUE`` (not an integer; ``an integer from MINIMUM to MAXIMUM`` with a maximum), ``NAME must
+    be >= MINIMUM, got VALUE`` (too small, no maximum) or ``NAME VALUE is out of range; allowed:
+    integers from MINIMUM to MAXIMUM``."""
+    allowed = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum}"
     try:
+        if isinstance(value, bool):
+            raise TypeError
         value = operator.index(value)
     except TypeError:
-        raise BatchlabError(f"{name} must be an integer, got {value!r}") from None
+        raise BatchlabError(f"{name} must be {allowed}, got {value!r}") from None
+    if maximum is not None and not minimum <= value <= maximum:
+        raise BatchlabError(f"{name} {value} is out of range; allowed: integers from {minimum} to {maximum}")
     if value < minimum:
         raise BatchlabError(f"{name} must be >= {minimum}, got {value}")
-    return value
+    return int(value)
 
 
 def increasing_ints(name: str, values: Any, minimum: int, item: str = "value") -> list[int]:

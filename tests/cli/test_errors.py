@@ -171,3 +171,25 @@ ANALYZE = ("--workload", W, "--metric", "val/classification_error", "--goal", "0
 ])
 def test_bad_flag_values_are_one_line_and_write_nothing(small_store, capsys, args, fragment):
     assert_refused(capsys, small_store, *(a.format(d=small_store) for a in args), fragment=fragment)
+
+
+def test_checked_int_accepts_index_types_and_refuses_bools_floats_and_out_of_range():
+    import numpy as np
+
+    from batchlab.errors import BatchlabError, checked_int
+
+    assert checked_int("n", 3, 1) == 3 and type(checked_int("n", np.int64(3), 1)) is int
+    assert checked_int("batch size", 4096, 1, 4096) == 4096
+    cases = [
+        (("n", True, 1), "n must be an integer >= 1, got True"),
+        (("n", 2.0, 0), "n must be an integer >= 0, got 2.0"),
+        (("n", "3", 1), "n must be an integer >= 1, got '3'"),
+        (("n", 0, 1), "n must be >= 1, got 0"),
+        (("batch size", 2.5, 1, 64), "batch size must be an integer from 1 to 64, got 2.5"),
+        (("batch size", 0, 1, 64), "batch size 0 is out of range; allowed: integers from 1 to 64"),
+        (("batch size", 65, 1, 64), "batch size 65 is out of range; allowed: integers from 1 to 64"),
+    ]
+    for args, message in cases:
+        with pytest.raises(BatchlabError) as info:
+            checked_int(*args)
+        assert str(info.value) == message

@@ -187,8 +187,10 @@ def test_entry_points_are_workload_names(installed_plugin):
 
 def test_the_module_names_of_user_files_are_private(user_file):
     resolve_workload(f"{user_file}:workload")
-    module = references._FILE_MODULES[str(user_file.resolve())]
-    assert module.__name__.startswith("batchlab_user_workload_workload_") and sys.modules[module.__name__] is module
+    imported = [name for name in sys.modules if name.startswith("batchlab_user_workload_workload_")]
+    module = references.WORKLOAD_REFERENCE.import_target("check", str(user_file.resolve()))  # not imported again
+    assert module.__name__ in imported and sys.modules[module.__name__] is module
+    assert module.__file__ == str(user_file.resolve())
 
 
 def test_a_modified_builtin_in_the_registry_pickles_by_value(monkeypatch):
@@ -211,3 +213,19 @@ def test_a_modified_copy_of_a_referenced_workload_is_keyed_by_its_name(user_file
     assert workload_key(easier) == "toy/mlp"  # workers must not be sent the unmodified workload
     register_workload(easier)
     assert not worker_resolvable(workload_key("toy/mlp"))
+
+
+def test_the_shared_reference_rules_name_their_kind(user_file):
+    from batchlab.references import ReferenceKind
+
+    adapters = ReferenceKind("adapter", "attribute", "batchlab_user_adapter")
+    with pytest.raises(BatchlabError, match=r"^bad adapter reference 'x': expected package.module:attribute or "
+                                            r"path/to/file.py:attribute$"):
+        adapters.split("x")
+    with pytest.raises(BatchlabError, match=r"^adapter reference 'r': no attribute 'nothing' in .*; found: broken, "
+                                            r"make_data, not_a_workload, workload$"):
+        adapters.attribute_of("r", f"{user_file}:nothing")
+    # the same file under two kinds: two private modules, so neither kind's names shadow the other's
+    as_adapter, _ = adapters.attribute_of("r", f"{user_file}:workload")
+    as_workload = references.WORKLOAD_REFERENCE.import_target("r", str(user_file))
+    assert as_adapter is not as_workload and as_adapter.__name__.startswith("batchlab_user_adapter_workload_")

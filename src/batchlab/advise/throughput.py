@@ -46,7 +46,6 @@ import contextlib
 import errno
 import gc
 import math
-import operator
 import statistics
 import sys
 import time
@@ -209,25 +208,10 @@ def _checked_batch_sizes(batch_sizes: Any, num_train: int) -> list[int]:
         raise BatchlabError(f"batch sizes must be a list of {allowed}, got {batch_sizes!r}")
     values = []
     for value in batch_sizes:
-        if isinstance(value, bool):
-            raise BatchlabError(f"batch sizes must be {allowed}, got {value!r}")
-        try:
-            value = operator.index(value)
-        except TypeError:
-            raise BatchlabError(f"batch sizes must be {allowed}, got {value!r}") from None
-        if not 1 <= value <= num_train:
-            raise BatchlabError(f"batch size {value} is out of range; allowed: {allowed}")
-        values.append(int(value))
+        values.append(checked_int("batch size", value, 1, num_train))
     if not values:
         raise BatchlabError(f"give at least one batch size ({allowed})")
     return sorted(set(values))
-
-
-def _count(name: str, value: Any, minimum: int) -> int:
-    """``value`` as an int >= ``minimum`` (not a bool); else a one-line error naming ``name``."""
-    if isinstance(value, bool):
-        raise BatchlabError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(checked_int(name, value, minimum))
 
 
 def _training_set_size(workload: Any, train_examples: int | None) -> int:
@@ -237,7 +221,7 @@ def _training_set_size(workload: Any, train_examples: int | None) -> int:
         if size is None:
             raise BatchlabError(f"workload {workload.name} declares no training split size")
         return int(size)
-    train_examples = _count("train examples", train_examples, 1)
+    train_examples = checked_int("train examples", train_examples, 1)
     return train_examples if size is None else min(int(size), train_examples)
 
 
@@ -426,10 +410,10 @@ def measure_throughput(
 
     workload = resolve_workload(workload)
     sizes = _checked_batch_sizes(batch_sizes, _training_set_size(workload, train_examples))
-    warmup_steps = _count("warmup steps", warmup_steps, 0)
-    timed_steps = _count("timed steps", timed_steps, 1)
+    warmup_steps = checked_int("warmup steps", warmup_steps, 0)
+    timed_steps = checked_int("timed steps", timed_steps, 1)
     if memory_limit_bytes is not None:
-        memory_limit_bytes = _count("memory limit (bytes)", memory_limit_bytes, 1)
+        memory_limit_bytes = checked_int("memory limit (bytes)", memory_limit_bytes, 1)
     torch_device = resolve_device(device)
     described = describe_device(torch_device)
     parameters = dict(optimizer_defaults(optimizer) if hyperparameters is None else hyperparameters)

@@ -37,10 +37,9 @@ def advise(
     target_ratio: Annotated[float, typer.Option(
         "--target-ratio", help="Stop when the upper end of B_crit's interval is within this factor of its lower end.")] = 1.5,
     device: opt.Device = "auto",
-    workers: Annotated[Optional[int], typer.Option("--workers", help="Worker processes (default: cores).")] = None,
-    dask: Annotated[bool, typer.Option("--dask", help="Run studies on a Dask LocalCluster on 127.0.0.1.")] = False,
-    scheduler: Annotated[Optional[str], typer.Option(
-        "--scheduler", help="Existing Dask scheduler tcp://HOST:PORT.")] = None,
+    workers: opt.Workers = None,
+    dask: opt.Dask = False,
+    scheduler: opt.Scheduler = None,
     config: Annotated[Optional[str], typer.Option(
         "--config", metavar="FILE", help="A sweep TOML whose settings the studies use (budgets, search spaces, "
                                          "evaluations, goal, trials) and whose batch_sizes are the candidates.")] = None,

@@ -3,7 +3,7 @@
 Every command declares its parameters as ``name: Option = default`` with the ``Annotated`` types
 below, so a flag has one spelling, one help text and one parse everywhere (the selection options of
 ``analyze`` and ``plot``, the trial options of ``train``, ``study`` and ``sweep``, ``--device``,
-``--json``). A command-specific option is declared in its command with the same ``Annotated`` style.
+``--workers``/``--dask``/``--scheduler``, ``--json``). A command-specific option is declared in its command with the same ``Annotated`` style.
 
 Parsing that turns option text into library values lives here too (:func:`parse_max_trials`,
 :func:`parse_studies`, :func:`parse_csv`, :func:`store_units`, :func:`unit_selections`); deciding what the values mean is
@@ -89,6 +89,8 @@ def check_level(level: float) -> float:
     if not 0 < level < 1:
         raise BatchlabError(f"--level must be in (0, 1), got {level}")
     return level
+
+
 B0 = Annotated[Optional[float], typer.Option(
     "--b0", help="Batch size perfect scaling is measured from (a reached one; default: the smallest reached). "
                  "Give the same B0 to optimizers you compare.")]
@@ -153,6 +155,14 @@ Refine = Annotated[str, typer.Option(
     "--refine", help="How the goal metric is measured at the resolution steps: replay (default: only in the "
                      "bracket where the goal is first met, by retraining a copy kept at the previous full "
                      "evaluation) or dense (at every resolution step as the trial runs).")]
+
+
+# --- where the work runs: ``sweep``, ``advise``, ``probe branched`` -----------------------------------
+
+Workers = Annotated[Optional[int], typer.Option("--workers", help="Worker processes (default: cores).")]
+Dask = Annotated[bool, typer.Option("--dask", help="Run on a Dask LocalCluster of --workers processes on 127.0.0.1.")]
+Scheduler = Annotated[Optional[str], typer.Option(
+    "--scheduler", metavar="ADDR", help="Run on the running Dask scheduler at ADDR (tcp://HOST:PORT).")]
 
 
 # --- parsing ----------------------------------------------------------------------------------------

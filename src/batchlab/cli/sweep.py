@@ -81,10 +81,9 @@ def register(app: typer.Typer) -> None:
             "--schedule", help="Learning-rate schedule of the default search spaces: constant or linear (decay "
                                "over [T/2, T] of each budget T).")] = None,
         train_examples: opt.TrainExamples = None,
-        workers: Annotated[Optional[int], typer.Option("--workers", help="Worker processes (default: cores).")] = None,
-        scheduler: Annotated[Optional[str], typer.Option(
-            "--scheduler", help="Existing Dask scheduler tcp://HOST:PORT.")] = None,
-        dask: Annotated[bool, typer.Option("--dask", help="Run on a Dask LocalCluster on 127.0.0.1.")] = False,
+        workers: opt.Workers = None,
+        scheduler: opt.Scheduler = None,
+        dask: opt.Dask = False,
         device: opt.Device = None,  # None: the config file's, else auto
         seed: Annotated[Optional[int], typer.Option(
             "--seed", help="Sweep seed (points, trial seeds, data subset).")] = None,

@@ -6,7 +6,8 @@
 2. ``"package.module:function"`` or ``"path/to/file.py:function"`` (any string with a ``:``): the
    function (called without arguments) returns a Workload; a Workload object at that name is taken
    as is. A file path is resolved against the current directory and imported under a module name
-   unique to its absolute path (two files called ``workload.py`` do not clash). The result is cached
+   unique to its absolute path (two files called ``workload.py`` do not clash; the import rules are
+   :mod:`batchlab.references`'s, shared with the checkpoint adapters). The result is cached
    per process under the normalised reference (``/abs/path/file.py:function`` or
    ``package.module:function``), stored in ``workload.reference``; the workload pickles as that
    reference, so pool and Dask workers re-import it;
@@ -22,16 +23,11 @@ exception in the user's code: its type and message).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import importlib
 import importlib.metadata
-import importlib.util
-import os
-import sys
-from pathlib import Path
 from typing import Any
 
 from batchlab.errors import BatchlabError, unknown_name_error
+from batchlab.references import ReferenceKind, is_reference
 from batchlab.workloads.base import Workload
 
 __all__ = [
@@ -41,32 +37,15 @@ __all__ = [
 
 ENTRY_POINT_GROUP = "batchlab.workloads"
 
+#: Workload references: errors ``workload reference 'REF': ...``, files imported as ``batchlab_user_workload_*``.
+WORKLOAD_REFERENCE = ReferenceKind("workload", "function", "batchlab_user_workload")
+
 _RESOLVED: dict[str, Workload] = {}  # normalised reference -> workload, per process
-_FILE_MODULES: dict[str, Any] = {}  # absolute path -> imported module
-
-
-def is_reference(text: str) -> bool:
-    """Whether ``text`` is a reference (``module:function`` or ``file.py:function``) rather than a name."""
-    return isinstance(text, str) and ":" in text
-
-
-def _split(reference: str) -> tuple[str, str]:
-    target, sep, attribute = reference.rpartition(":")
-    if not sep or not target or not attribute or not attribute.replace("_", "a").replace(".", "a").isalnum():
-        raise BatchlabError(f"bad workload reference {reference!r}: expected package.module:function or path/to/file.py:function")
-    return target, attribute
-
-
-def _is_file(target: str) -> bool:
-    return target.endswith(".py") or "/" in target or os.sep in target
 
 
 def normalize_reference(reference: str) -> str:
     """The reference with a file path made absolute (``~`` expanded, against the current directory)."""
-    target, attribute = _split(reference)
-    if _is_file(target):
-        return f"{Path(target).expanduser().resolve()}:{attribute}"
-    return f"{target}:{attribute}"
+    return WORKLOAD_REFERENCE.normalize(reference)
 
 
 def cached(reference: str) -> Workload | None:
@@ -74,77 +53,18 @@ def cached(reference: str) -> Workload | None:
     return _RESOLVED.get(reference)
 
 
-def _problem(reference: str, problem: str) -> BatchlabError:
-    return BatchlabError(f"workload reference {reference!r}: {problem}")
-
-
-def _user_error(reference: str, where: str, exc: BaseException) -> BatchlabError:
-    message = " ".join(str(exc).split()) or "(no message)"
-    return _problem(reference, f"{type(exc).__name__} {where}: {message}")
-
-
-def _import_file(reference: str, path: Path) -> Any:
-    key = str(path)
-    if key in _FILE_MODULES:
-        return _FILE_MODULES[key]
-    if not path.is_file():
-        raise _problem(reference, f"file not found: {path}")
-    digest = hashlib.sha1(key.encode()).hexdigest()[:12]
-    module_name = f"batchlab_user_workload_{''.join(c if c.isalnum() else '_' for c in path.stem)}_{digest}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise _problem(reference, f"cannot import {path} as Python")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # dataclasses and pickling look modules up here
-    try:
-        spec.loader.exec_module(module)
-    except BaseException as exc:
-        sys.modules.pop(module_name, None)
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            raise
-        raise _user_error(reference, f"while importing {path}", exc) from exc
-    _FILE_MODULES[key] = module
-    return module
-
-
-def _import_module(reference: str, name: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
-            raise _problem(reference, f"module {name!r} not found (is it installed, or on PYTHONPATH?)") from None
-        raise _user_error(reference, f"while importing module {name!r}", exc) from exc
-    except Exception as exc:
-        raise _user_error(reference, f"while importing module {name!r}", exc) from exc
-
-
 def _load_reference(reference: str, normalized: str) -> Workload:
-    target, attribute = _split(normalized)
-    if _is_file(target):
-        module, where = _import_file(reference, Path(target)), target
-    else:
-        module, where = _import_module(reference, target), f"module {target!r}"
-    obj: Any = module
-    for part in attribute.split("."):
-        if not hasattr(obj, part):
-            known = sorted(n for n, v in vars(module).items() if not n.startswith("_") and (
-                isinstance(v, Workload) or (callable(v) and getattr(v, "__module__", None) == module.__name__)))
-            hint = f"; found: {', '.join(known)}" if known else ""
-            raise _problem(reference, f"no function {attribute!r} in {where}{hint}")
-        obj = getattr(obj, part)
+    kind = WORKLOAD_REFERENCE
+    _, attribute = kind.split(normalized)
+    _, obj = kind.attribute_of(reference, normalized, offered=lambda value: isinstance(value, Workload))
     if isinstance(obj, Workload):
         result = obj
     elif callable(obj):
-        try:
-            result = obj()
-        except BatchlabError as exc:
-            raise _problem(reference, str(exc)) from exc
-        except Exception as exc:
-            raise _user_error(reference, f"in {attribute}()", exc) from exc
+        result = kind.call(reference, attribute, obj)
         if not isinstance(result, Workload):
-            raise _problem(reference, f"{attribute}() returned {type(result).__name__}, not a batchlab Workload")
+            raise kind.error(reference, f"{attribute}() returned {type(result).__name__}, not a batchlab Workload")
     else:
-        raise _problem(reference, f"{attribute} is a {type(obj).__name__}, not a function returning a batchlab Workload")
+        raise kind.error(reference, f"{attribute} is a {type(obj).__name__}, not a function returning a batchlab Workload")
     if result.reference != normalized:
         result = dataclasses.replace(result, reference=normalized)
     return result
