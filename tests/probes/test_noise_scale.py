@@ -327,3 +327,25 @@ def test_b_noise_falls_back_to_reverse_mode_products_for_an_lstm(method, monkeyp
     result = noise_scale(TinyLSTM(), loss, batches, method=method, hessian=True, micro_batches=4)
     assert result.b_noise is not None and math.isfinite(result.b_noise) and result.hvps > 0
     assert math.isfinite(result.trace_h_sigma) and math.isfinite(result.grad_h_grad)
+
+
+def test_ratio_interval_is_the_fieller_solve_with_students_quantile():
+    """ratio_interval and the tracker share one solve (fieller_weighted); its quantile (special.stdtrit)
+    is scipy.stats.t.ppf's, so the interval is the textbook one to float rounding."""
+    from scipy import stats
+
+    from batchlab.probes.noise_scale import fieller_weighted
+
+    rng = np.random.default_rng(5)
+    x, y = rng.normal(30.0, 5.0, 12), rng.normal(2.0, 0.4, 12)
+    got = ratio_interval(x, y, 0.9)
+    cov = np.cov(x, y, ddof=1) / 12
+    t2 = stats.t.ppf(0.95, 11) ** 2
+    a = y.mean() ** 2 - t2 * cov[1, 1]
+    b = -2 * (x.mean() * y.mean() - t2 * cov[0, 1])
+    c = x.mean() ** 2 - t2 * cov[0, 0]
+    roots = sorted(np.roots([a, b, c]).real)
+    assert got.low == pytest.approx(roots[0], rel=1e-9) and got.high == pytest.approx(roots[1], rel=1e-9)
+    same = fieller_weighted(x.mean(), y.mean(), cov[0, 0], cov[1, 1], cov[0, 1], 11, 0.9, got.method)
+    assert same == got
+    assert fieller_weighted(1.0, 1.0, 0.1, 0.1, 0.0, 0, 0.9, "m").low is None  # no degrees of freedom

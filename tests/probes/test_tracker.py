@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from batchlab.errors import BatchlabError
-from batchlab.probes.noise_scale import moments_from_norms
-from batchlab.probes.tracker import NoiseScaleTracker
+from batchlab.probes.noise_scale import moments_from_norms, ratio_interval
+from batchlab.probes.tracker import NoiseScaleTracker, fieller_weighted
 
 C = np.array([2.0, 1.0, 0.6, 0.3])
 A = np.array([0.5, -0.4, 0.3, 0.5])
@@ -116,6 +116,7 @@ def test_state_dict_round_trip_continues_identically():
     history = run_steps(model, [first, second], g, 20)
     assert all(a == b for a, b in history)
     assert first.state_dict() == second.state_dict() and first.per_layer == second.per_layer
+    assert first.reading() == second.reading() and first.reading()["steps"] == 40  # the interval's sums too
     with pytest.raises(BatchlabError, match="version"):
         second.load_state_dict({**state, "version": 99})
 
@@ -191,7 +192,7 @@ def test_data_parallel_sync_averages_the_local_norms(monkeypatch):
         tensor.copy_(torch.full_like(tensor, pooled["sum"]))
 
     monkeypatch.setattr(dist, "all_reduce", fake_all_reduce)
-    trackers, local_sq = simulate_data_parallel(n, 64, steps=3, seed=5,
+    trackers, _ = simulate_data_parallel(n, 64, steps=3, seed=5,
                                                 sync_with=lambda s: pooled.__setitem__("sum", s))
     values = {t.trace_sigma for t in trackers}
     assert len(values) == 1  # every rank the same
@@ -292,3 +293,219 @@ def test_a_parameter_without_gradient_at_some_steps_is_averaged_over_its_own_ste
     restored = NoiseScaleTracker(beta=beta)
     restored.load_state_dict(json.loads(json.dumps(state)))
     assert restored.per_layer["b.0"]["trace_sigma"] == pytest.approx(shared["trace_sigma"], rel=1e-12)
+
+
+def totals_of(model, tracker, generator, steps, batch=32, micro=2):
+    """Run ``steps`` steps at fixed parameters; the per-step totals (tr Sigma_t, |G|^2_t)."""
+    out = []
+    for _ in range(steps):
+        x, y = draw(batch, generator)
+        accumulate(model, x, y, micro)
+        tracker.update(model, batch_size=batch, grad_scale=1 / micro)
+        out.append((tracker.last["trace_sigma"], tracker.last["grad_norm_sq"]))
+    return np.array(out)
+
+
+def test_interval_of_the_plain_mean_is_fieller_over_the_steps():
+    model = model_at()
+    tracker = NoiseScaleTracker(model, beta=None)
+    totals = totals_of(model, tracker, torch.Generator().manual_seed(11), 25)
+    want = ratio_interval(totals[:, 0], totals[:, 1], 0.9)
+    got = tracker.b_simple_interval(0.9)
+    # the same set; the tracker's means and (co)variances come from running (Welford) sums, not arrays
+    assert got.low == pytest.approx(want.low, rel=1e-9) and got.high == pytest.approx(want.high, rel=1e-9)
+    reading = tracker.reading(0.9)
+    assert set(reading) == {"b_simple", "b_simple_low", "b_simple_high", "trace_sigma", "grad_norm_sq", "steps",
+                            "resolved", "level"}
+    assert reading["resolved"] and reading["steps"] == 25 and reading["level"] == 0.9
+    assert reading["b_simple_low"] <= reading["b_simple"] <= reading["b_simple_high"]
+    assert reading["b_simple"] == tracker.b_simple
+    assert reading["b_simple"] == pytest.approx(totals[:, 0].mean() / totals[:, 1].mean(), rel=1e-12)
+    d = tracker.to_dict()
+    assert d["b_simple_low"] == reading["b_simple_low"] and d["resolved"] and d["level"] == 0.9
+
+
+def test_interval_of_the_ema_weights_the_steps_like_the_ema():
+    """beta = 0.8: weights w_t = beta^(T - t); the weighted means are the bias-corrected EMA (the point
+    estimate), their variance s^2 sum w^2 / (sum w)^2 with the reliability-weighted s^2, and Student's
+    t with n_eff - 1 dof, n_eff = (sum w)^2 / sum w^2 (computed here from explicit weights)."""
+    beta = 0.8
+    model = model_at()
+    tracker = NoiseScaleTracker(model, beta=beta)
+    totals = totals_of(model, tracker, torch.Generator().manual_seed(12), 30)
+    w = beta ** np.arange(len(totals))[::-1]
+    sw, sw2 = w.sum(), (w * w).sum()
+    mean = (w[:, None] * totals).sum(0) / sw
+    assert mean == pytest.approx([tracker.trace_sigma, tracker.grad_norm_sq], rel=1e-12)
+    dev = totals - mean
+    cov = (w[:, None, None] * dev[:, :, None] * dev[:, None, :]).sum(0) / (sw - sw2 / sw) * sw2 / sw**2
+    want = fieller_weighted(mean[0], mean[1], cov[0, 0], cov[1, 1], cov[0, 1], sw * sw / sw2 - 1, 0.9, "")
+    got = tracker.b_simple_interval(0.9)
+    assert tracker.effective_steps == pytest.approx(sw * sw / sw2, rel=1e-12)
+    assert got.low == pytest.approx(want.low, rel=1e-9) and got.high == pytest.approx(want.high, rel=1e-9)
+    assert got.low <= tracker.b_simple <= got.high
+    # the EMA's window is shorter than the plain mean's: a wider interval than over all 30 steps
+    plain = ratio_interval(totals[:, 0], totals[:, 1], 0.9)
+    assert got.high - got.low > plain.high - plain.low
+
+
+@pytest.mark.parametrize("beta", [None, 0.9])
+def test_interval_covers_the_truth_at_about_its_level(beta):
+    """At fixed parameters the steps are independent replicates: over 100 independent runs of 30 steps
+    the 90% interval holds the exact B_simple in about 90% of them (binomial sd 3%; the bounds are
+    over 3 sd away). With beta=0.9 (n_eff about 16 of 30) the weighting changes the width, not the
+    coverage."""
+    covered = 0
+    for seed in range(100):
+        model = model_at()
+        tracker = NoiseScaleTracker(model, beta=beta)
+        totals_of(model, tracker, torch.Generator().manual_seed(100 + seed), 30, batch=16, micro=2)
+        interval = tracker.b_simple_interval(0.9)
+        covered += interval.low <= B_SIMPLE and (interval.high is None or B_SIMPLE <= interval.high)
+    assert 0.80 <= covered / 100 <= 0.99
+
+
+def test_unresolved_reading_is_a_lower_bound():
+    """At the optimum (|G|^2 = 0) the gradient cannot be told from noise: no upper end, b_simple None,
+    b_simple_low a finite lower bound; before two steps there is no interval at all."""
+    model = model_at(W_STAR)
+    tracker = NoiseScaleTracker(model, beta=None)
+    g = torch.Generator().manual_seed(13)
+    totals_of(model, tracker, g, 1)
+    first = tracker.reading()
+    assert first["b_simple_low"] is None and first["b_simple_high"] is None and not first["resolved"]
+    totals_of(model, tracker, g, 19)
+    reading = tracker.reading()
+    assert not reading["resolved"] and reading["b_simple"] is None and reading["b_simple_high"] is None
+    assert reading["b_simple_low"] is not None and math.isfinite(reading["b_simple_low"])
+    assert reading["trace_sigma"] > 0 and json.loads(json.dumps(reading)) == reading
+    with pytest.raises(BatchlabError, match="level"):
+        tracker.reading(1.5)
+
+
+def test_grad_at_backward_reads_before_clipping_in_one_process():
+    model = model_at()
+    at_backward = NoiseScaleTracker(model, beta=None, grad_at="backward")
+    at_update = NoiseScaleTracker(model, beta=None)  # reads .grad after the clipping: another value
+    twin = model_at()  # the same steps, no clipping
+    reference = NoiseScaleTracker(twin, beta=None)
+    g = torch.Generator().manual_seed(14)
+    for _ in range(3):
+        x, y = draw(32, g)
+        accumulate(model, x, y, 2)
+        accumulate(twin, x, y, 2)
+        reference.update(batch_size=32)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+        at_backward.update(model, batch_size=32)
+        at_update.update(model, batch_size=32)
+    assert at_backward.trace_sigma == reference.trace_sigma  # the same numbers on the same path
+    assert at_backward.grad_norm_sq == reference.grad_norm_sq
+    assert at_update.grad_norm_sq != pytest.approx(reference.grad_norm_sq, rel=0.5)
+    state = at_backward.state_dict()
+    restored = NoiseScaleTracker(model_at())
+    restored.load_state_dict(json.loads(json.dumps(state)))
+    assert restored.grad_at == "backward" and restored.reading() == at_backward.reading()
+    with pytest.raises(BatchlabError, match="version 1"):
+        restored.load_state_dict({**state, "version": 1})
+
+
+def test_half_precision_gradients_are_normed_in_float32():
+    """bfloat16 gradients: the norms are accumulated in float32 (a bfloat16 norm keeps 3 digits), so
+    the step's estimate is the float64 arithmetic on the same bfloat16 gradients to float32 rounding."""
+    model = nn.Sequential(nn.Linear(4, 1, bias=False, dtype=torch.bfloat16))
+    tracker = NoiseScaleTracker(model, beta=None)
+    x, y = draw(64, torch.Generator().manual_seed(15))
+    parts = []
+    for xm, ym in zip(x.chunk(2), y.chunk(2)):
+        model.zero_grad(set_to_none=True)
+        loss_fn(model(xm.bfloat16()), ym.bfloat16()).backward()
+        parts.append(model[0].weight.grad.clone())
+    tracker._pending, tracker._seen = [], []  # measure only the accumulated step below
+    model.zero_grad(set_to_none=True)
+    for xm, ym in zip(x.chunk(2), y.chunk(2)):
+        loss_fn(model(xm.bfloat16()), ym.bfloat16()).backward()
+    tracker.update(model, batch_size=64)
+    small = np.mean([float(p.double().square().sum()) for p in parts])
+    big = float((model[0].weight.grad.double() / 2).square().sum())
+    grad_norm_sq, trace_sigma = moments_from_norms(small, big, 32, 64)
+    assert tracker.trace_sigma == pytest.approx(trace_sigma, rel=1e-4)  # float32 norms of the same numbers
+    assert tracker.grad_norm_sq == pytest.approx(grad_norm_sq, rel=1e-4)
+
+
+@pytest.mark.parametrize("grad_at", ["update", "backward"])
+def test_discard_leaves_the_step_out(grad_at):
+    """discard() drops what was recorded since the last update: the tracker then continues exactly as
+    one that never saw the discarded step (restored from the state before it)."""
+    model = model_at()
+    tracker = NoiseScaleTracker(model, beta=0.9, grad_at=grad_at)
+    g = torch.Generator().manual_seed(16)
+    run_steps(model, [tracker], g, 3)
+    before = tracker.state_dict()
+    x, y = draw(32, g)
+    accumulate(model, x, y, 2)  # the step to leave out
+    tracker.discard()
+    assert tracker.calls == 3 and tracker.steps == 3 and tracker.state_dict() == before
+    reference = NoiseScaleTracker(model, beta=0.9, grad_at=grad_at)  # hooked after the discarded step
+    reference.load_state_dict(before)
+    history = run_steps(model, [tracker, reference], g, 3)
+    assert all(a == b for a, b in history)
+    assert tracker.state_dict() == reference.state_dict()  # the same path twice: bitwise
+    # with every=2 a discarded measured step keeps the hooks on: the next step is the measured one
+    sparse = NoiseScaleTracker(model, beta=None, every=2)
+    accumulate(model, x, y, 2)
+    sparse.discard()
+    assert bool(sparse._handles) and sparse.calls == 0
+    accumulate(model, x, y, 2)
+    sparse.update(model, batch_size=32)
+    assert sparse.steps == 1 and sparse.calls == 1
+
+
+@pytest.mark.parametrize("norm_in_hook", [True, False])
+def test_first_gradient_read_from_grad_equals_the_incoming_one(norm_in_hook):
+    """Three ways to the same norms: on the CPU (the default) each incoming gradient is normed in its
+    hook; elsewhere (forced here) a tensor's first gradient of a step is read from .grad at the end of
+    its pass (set_to_none=True, one process), else kept from the hook (.grad already holds zeros, or a
+    post-accumulate-grad hook could consume .grad)."""
+    g = torch.Generator().manual_seed(17)
+    x, y = draw(48, g)
+    results = []
+    for variant in ("none", "zeros", "post_hook"):
+        model = nn.Sequential(nn.Linear(4, 3, dtype=torch.float64), nn.Tanh(), nn.Linear(3, 1, dtype=torch.float64))
+        torch.manual_seed(0)
+        for p in model.parameters():
+            nn.init.normal_(p)
+        if variant == "post_hook":
+            handles = [p.register_post_accumulate_grad_hook(lambda p: None) for p in model.parameters()]
+        tracker = NoiseScaleTracker(model, beta=None)
+        assert tracker._norm_in_hook and tracker._read_first == (variant != "post_hook")
+        tracker._norm_in_hook = norm_in_hook
+        for _ in range(2):
+            model.zero_grad(set_to_none=variant != "zeros")
+            for xm, ym in zip(x.chunk(3), y.chunk(3)):
+                (loss_fn(model(xm), ym) / 3).backward()
+            tracker.update(model, batch_size=48, grad_scale=1 / 3)
+        results.append((tracker.trace_sigma, tracker.grad_norm_sq))
+        if variant == "post_hook":
+            for handle in handles:
+                handle.remove()
+    # the same tensors' norms: .grad after the pass is the incoming gradient (or 0 + it), bitwise
+    assert results[0] == results[1] == results[2]
+    reference = NoiseScaleTracker(model_at(), beta=None)
+    assert reference._norm_in_hook  # CPU parameters
+
+
+@pytest.mark.parametrize("norm_in_hook", [True, False])
+def test_a_pass_that_does_not_accumulate(norm_in_hook):
+    """torch.autograd.grad delivers gradients to the hooks but not to .grad. Normed in the hook (CPU),
+    it counts as a micro-batch like every pass between updates (the contract: do not mix it in); read
+    from .grad (accelerators), there is nothing to read when it comes first in a step, so it is not
+    counted."""
+    model = model_at()
+    tracker = NoiseScaleTracker(model, beta=None)
+    tracker._norm_in_hook = norm_in_hook
+    x, y = draw(32, torch.Generator().manual_seed(18))
+    torch.autograd.grad(loss_fn(model(x[:16]), y[:16]), list(model.parameters()))
+    assert len(tracker._pending) == (1 if norm_in_hook else 0)
+    accumulate(model, x, y, 2)
+    tracker.update(model, batch_size=32)
+    assert tracker.steps == 1 and tracker.last["small_batch_size"] == (32 / 3 if norm_in_hook else 16)
