@@ -59,3 +59,89 @@ def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
     code, out, err = run(capsys, "probe", "branched", *TINY, *args)
     assert code == 2 and out == ""
     assert err.startswith("error: ") and err.count("\n") == 1 and re.search(message, err), err
+
+
+# ------------------------------------------------------------------ --adapter: the user's own checkpoints
+
+from tests.integrations.test_checkpoint_branches import write_user_run
+
+
+@pytest.fixture()
+def user_run(tmp_path, monkeypatch):
+    """A tiny run of the user's own: its adapter module and checkpoints (tests/integrations)."""
+    return write_user_run(tmp_path, monkeypatch)
+
+
+def adapter_args(runs, adapter="tiny_adapter:SGDAdapter", run="sgd"):
+    return ["--adapter", adapter, *[a for s, p in runs[run].items() for a in ("--checkpoint", f"{s}={p}")],
+            "--batch-size", "16", "--multipliers", "1,2,4", "--window", "64"]
+
+
+def test_adapter_mode_prints_rows_writes_schedules_and_resumes(capsys, tmp_path, user_run):
+    _, runs, _ = user_run
+    out, schedule, olmo = tmp_path / "out", tmp_path / "schedule.json", tmp_path / "olmo.json"
+    code, text, err = run(capsys, "probe", "branched", *adapter_args(runs), "--out", out, "--json",
+                          "--schedule-out", schedule, "--olmo-core-out", olmo, "--tokens-per-example", "32")
+    assert code == 0, err
+    rows = json_lines(text)
+    assert [r["step"] for r in rows] == [0, 4, 8]
+    for row in rows:
+        assert row["adapter"] == "tiny_adapter:SGDAdapter" and row["workload"] is None and row["computed"] == 9
+        assert [b["batch_size"] for b in row["branches"]] == [16, 32, 64] and row["learning_rate"] == 0.1
+        assert row["settings"]["rule"] == "linear"  # SGD: the default rule read from the adapter's optimizer
+        assert row["settings"]["checkpoints"][str(row["step"])] == runs["sgd"][row["step"]]
+    from batchlab.integrations.schedule import BatchSizeSchedule
+
+    saved = BatchSizeSchedule.load(schedule)
+    assert saved.unit == "tokens" and saved.points[0] == (0, 16 * 32)
+    warmup = {r["step"]: r["warmup_batch_size"] for r in rows}
+    for step, size in warmup.items():  # the step-t warmup starts at t·B examples = t·B·32 tokens
+        assert saved.batch_size_at(step * 16 * 32) == size * 32
+    assert json.loads(olmo.read_text()) == saved.to_olmo_core()
+    code, again, err = run(capsys, "probe", "branched", *adapter_args(runs), "--out", out, "--json")
+    assert code == 0, err
+    assert [r["computed"] for r in json_lines(again)] == [0, 0, 0]
+    assert [r["branches"] for r in json_lines(again)] == [r["branches"] for r in rows]
+
+
+def test_adapter_mode_table(capsys, user_run):
+    _, runs, _ = user_run
+    code, out, err = run(capsys, "probe", "branched", *adapter_args(runs, "tiny_adapter:AdamAdapter", "adam"))
+    assert code == 0, err
+    flat = " ".join(out.split())  # the title may wrap
+    assert "adapter tiny_adapter:AdamAdapter B=16 lr=per checkpoint rule=sqrt" in flat  # Adam: the sqrt rule
+    assert "step 8: branch k=4" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["mnist/fc_64_64_64", "--adapter", "tiny_adapter:SGDAdapter", "--checkpoint", "0=PATH0"], "give either a WORKLOAD"),
+    (["--adapter", "tiny_adapter:SGDAdapter", "--batch-size", "16"], "--adapter needs at least one --checkpoint"),
+    (["--checkpoint", "0=PATH0", "--batch-size", "16"], "--checkpoint needs --adapter"),
+    (["--adapter", "tiny_adapter:SGDAdapter", "--checkpoint", "0=PATH0"], "--adapter needs --batch-size"),
+    (["--adapter", "tiny_adapter:SGDAdapter", "--checkpoint", "x=PATH0", "--batch-size", "16"],
+     "STEP must be an integer >= 0"),
+    (["--adapter", "tiny_adapter:SGDAdapter", "--checkpoint", "PATH0", "--batch-size", "16"], "expected STEP=PATH"),
+    (["--adapter", "tiny_adapter:SGDAdapter", "--checkpoint", "0=PATH0", "--checkpoint", "0=PATH0", "--batch-size",
+      "16"], "step 0 given twice"),
+    (["--adapter", "tiny_adapter:SGDAdapter", "--checkpoint", "3=/no/such/file.pt", "--batch-size", "16"],
+     "checkpoint for step 3: '/no/such/file.pt' does not exist"),
+    (["--adapter", "no_such_module_xyz:A", "--checkpoint", "0=PATH0", "--batch-size", "16", "--rule", "linear"],
+     "module 'no_such_module_xyz' not found"),
+    (["--adapter", "tiny_adapter:NoLoss", "--checkpoint", "0=PATH0", "--batch-size", "16", "--rule", "linear"],
+     "lacks loss"),
+    (["--adapter", "tiny_adapter:failing_load", "--checkpoint", "0=PATH0", "--batch-size", "16", "--window", "64",
+      "--multipliers", "1,2"], r"failing_load: load raised RuntimeError: load broke on two lines \(checkpoint step 0, "),
+    (["--adapter", "tiny_adapter:SGDAdapter", "--checkpoint", "0=PATH0", "--batch-size", "16", "--steps-at", "0",
+      "--device", "cpu"], "--steps-at, --device define a WORKLOAD's reference run"),
+    (["--adapter", "tiny_adapter:AdamAdapter", "--checkpoint", "0=PATH0", "--batch-size", "16", "--window", "64",
+      "--multipliers", "1,2"], r"the step of the Adam from build \(after load\) raised KeyError: 'betas'"),
+    (["mnist/fc_64_64_64", "--dask"], "--dask and --scheduler run the branches of --adapter"),
+    (["mnist/fc_64_64_64", "--olmo-core-out", "x.json"], "--olmo-core-out needs --tokens-per-example"),
+    ([], "give a WORKLOAD, or --adapter"),
+])
+def test_adapter_mode_bad_input_is_one_line_and_exit_2(capsys, user_run, args, message):
+    _, runs, _ = user_run
+    args = [a.replace("PATH0", runs["sgd"][0]) for a in args]
+    code, out, err = run(capsys, "probe", "branched", *args)
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and err.count("\n") == 1 and re.search(message, err), err

@@ -3,7 +3,9 @@
 ``noise-scale`` (the gradient noise scale, :mod:`batchlab.probes.noise_scale`), ``spectrum`` (top
 Hessian or Gauss-Newton eigenvalues and, with ``--density``, the spectral density,
 :mod:`batchlab.probes.spectrum`) and ``branched`` (the branched critical batch size: short branches at
-k·B from each checkpoint, :mod:`batchlab.probes.branched`; resumable with ``--out DIR``). All train one reference run with batchlab's own trial machinery
+k·B from each checkpoint, :mod:`batchlab.probes.branched`; resumable with ``--out DIR``; or, with
+``--adapter MODULE:ATTR --checkpoint STEP=PATH`` instead of a workload, from the checkpoints of the
+user's own run, :mod:`batchlab.integrations.branched`). All train one reference run with batchlab's own trial machinery
 (:func:`batchlab.probes.reference.reference_checkpoints`: the run ``batchlab train`` makes with the same
 workload, optimizer, batch size, hyperparameters and seed) and measure at each ``--steps-at`` step on
 fixed probe batches of training examples (:func:`batchlab.probes.reference.probe_batches`). Defaults:
@@ -73,7 +75,11 @@ def _reference(workload: str, steps_at: str, optimizer: str, batch_size: Optiona
     """Check the options, prepare the reference run and the probe batches: ``(checkpoints, probes, settings)``."""
     from batchlab.cli.train import parse_hparams
     from batchlab.optim import optimizer_defaults
-    from batchlab.probes.reference import check_steps_at, probe_batches, reference_checkpoints
+    from batchlab.probes.reference import (
+        check_steps_at,
+        probe_batches,
+        reference_checkpoints,
+    )
     from batchlab.train.device import check_device, resolve_device
     from batchlab.workloads import resolve_workload
 
@@ -273,16 +279,53 @@ def register(app: typer.Typer) -> None:
 BRANCHED_JSON = opt.json_option(
     "One JSON object per checkpoint: step, learning_rate, reference_loss, critical_batch_size, interval (low, high, "
     "method), reference_repeats, reference_sigma, branches (per multiplier: batch_size, steps, examples, factor, learning_rate, loss, ratio, passed, "
-    "tried), warmup_batch_size (the suggested warmup from that step on), examples_processed and the settings.")
+    "tried), warmup_batch_size (the suggested warmup from that step on), examples_processed and the settings; with "
+    "--adapter also adapter (workload and optimizer null).")
+
+
+WorkloadOrNone = Annotated[Optional[str], typer.Argument(
+    help=opt.WORKLOAD_HELP + " Or give --adapter with --checkpoint instead (your own run's checkpoints).",
+    metavar="WORKLOAD", show_default=False)]
+
+
+def parse_checkpoints(values: Optional[list[str]]) -> dict[int, str]:
+    """``--checkpoint STEP=PATH`` (repeatable) as ``{step: path}``; one line for a value without ``=``,
+    a step that is not an integer >= 0, or a step given twice (the paths are checked by the library)."""
+    found: dict[int, str] = {}
+    for value in values or []:
+        step, sep, path = value.partition("=")
+        if not sep or not path:
+            raise BatchlabError(f"--checkpoint {value!r}: expected STEP=PATH (STEP: updates of your run at the checkpoint)")
+        try:
+            number = int(step.strip())
+        except ValueError:
+            raise BatchlabError(f"--checkpoint {value!r}: STEP must be an integer >= 0 (updates of your run), "
+                                f"got {step!r}") from None
+        if number < 0:
+            raise BatchlabError(f"--checkpoint {value!r}: STEP must be an integer >= 0 (updates of your run), got {number}")
+        if number in found:
+            raise BatchlabError(f"--checkpoint: step {number} given twice ({found[number]!r} and {path!r})")
+        found[number] = path
+    return found
 
 
 @probe_app.command("branched")
 def branched_command(
-    workload: opt.Workload,
-    steps_at: StepsAt = DEFAULT_STEPS_AT,
-    optimizer: ProbeOptimizer = DEFAULT_OPTIMIZER,
-    batch_size: ProbeBatchSize = None,
-    learning_rate: LearningRate = None,
+    workload: WorkloadOrNone = None,
+    steps_at: Annotated[Optional[str], typer.Option(
+        "--steps-at", metavar="T1,T2,...",
+        help="Steps of the reference run to probe at (updates; increasing integers >= 0; default 0,100,1000). "
+             "WORKLOAD only.")] = None,
+    optimizer: Annotated[Optional[str], typer.Option(
+        "--optimizer", help="The reference run's optimizer (see batchlab optimizers; default sgd). WORKLOAD only.")
+    ] = None,
+    batch_size: Annotated[Optional[int], typer.Option(
+        "--batch-size", help="The reference run's batch size B (default: the workload's default batch size; "
+                             "required with --adapter: your run's examples per update).")] = None,
+    learning_rate: Annotated[Optional[float], typer.Option(
+        "--learning-rate", help="The reference run's learning rate (default: the optimizer's registered default; with "
+                                "--adapter: the adapter's learning_rates(step), else the rate in the checkpoint).")
+    ] = None,
     hparam: Hparam = None,
     multipliers: Annotated[str, typer.Option(
         "--multipliers", metavar="K1,K2,...",
@@ -290,7 +333,8 @@ def branched_command(
     ] = "1,2,4,8,16,32",
     rule: Annotated[Optional[str], typer.Option(
         "--rule", help="Learning rate of the k·B branch: linear (lr·k), sqrt (lr·sqrt(k)) or tuned (best of "
-                       "lr·k^a, a in 0, 1/4, 1/2, 3/4, 1). Default: sqrt for adam/adamw, else linear.")] = None,
+                       "lr·k^a, a in 0, 1/4, 1/2, 3/4, 1). Default: sqrt for adam/adamw (with --adapter: for an "
+                       "Adam-like optimizer the adapter builds), else linear.")] = None,
     window: Annotated[Optional[int], typer.Option(
         "--window", help="Training examples every branch processes (the k·B branch takes window // (k·B) updates; "
                          "default: 64 reference steps' worth, 64·B).")] = None,
@@ -299,7 +343,9 @@ def branched_command(
                             "(relative; default 0.01).")] = 0.01,
     examples: Examples = None,
     probe_batch_size: ProbeBatch = None,
-    seed: Seed = 0,
+    seed: Annotated[int, typer.Option(
+        "--seed", help="Seed of the reference run (model, batch order, training subset), of the probe examples and of "
+                       "the branches' random streams (with --adapter: only the branches' streams, e.g. dropout).")] = 0,
     train_examples: TrainExamples = None,
     steps: Budget = None,
     out: Annotated[Optional[str], typer.Option(
@@ -309,21 +355,98 @@ def branched_command(
     noise_repeats: Annotated[int, typer.Option(
         "--noise-repeats", help="Repeat the reference branch with N other batch orders: the interval becomes the "
                                 "range of k·B consistent with that spread (seed_spread; 0: the bracket between the "
-                                "last passing and first failing k·B).")] = 0,
-    device: opt.Device = "auto",
+                                "last passing and first failing k·B). WORKLOAD only.")] = 0,
+    device: opt.Device = None,  # None: auto; WORKLOAD only (an adapter places its model itself)
+    adapter: Annotated[Optional[str], typer.Option(
+        "--adapter", metavar="MODULE:ATTR",
+        help="Your run's checkpoint adapter instead of a WORKLOAD: package.module:attribute or path/to/file.py:attribute "
+             "(an adapter object, or a class or function returning one; docs/integrations.md).")] = None,
+    checkpoint: Annotated[Optional[list[str]], typer.Option(
+        "--checkpoint", metavar="STEP=PATH",
+        help="A checkpoint of your run saved after STEP updates (repeatable; with --adapter).")] = None,
+    dask: opt.Dask = False,  # --adapter only, as --scheduler
+    scheduler: opt.Scheduler = None,
+    schedule_out: Annotated[Optional[str], typer.Option(
+        "--schedule-out", metavar="FILE",
+        help="Write the suggested batch-size warmup as a batchlab batch-size schedule (JSON, in examples; in tokens "
+             "with --tokens-per-example), the file the callbacks read.")] = None,
+    olmo_core_out: Annotated[Optional[str], typer.Option(
+        "--olmo-core-out", metavar="FILE",
+        help="Write the warmup as OLMo-core BatchSizeSchedulerCallback arguments (JSON: batch_sizes and schedule, in "
+             "tokens; needs --tokens-per-example).")] = None,
+    tokens_per_example: Annotated[Optional[int], typer.Option(
+        "--tokens-per-example", metavar="L",
+        help="Tokens per example (fixed-length sequences): the schedule files count tokens.")] = None,
     json_output: BRANCHED_JSON = False,
 ) -> None:
-    """The branched critical batch size (branches at k·B from checkpoints of one reference run) and a warmup."""
+    """The branched critical batch size (branches at k·B from checkpoints of one reference run) and a warmup.
+
+    The reference run is WORKLOAD's (trained here), or your own: --adapter MODULE:ATTR with --checkpoint STEP=PATH
+    (whose branches --dask or --scheduler can run on Dask)."""
+    if olmo_core_out is not None and tokens_per_example is None:
+        raise BatchlabError("--olmo-core-out needs --tokens-per-example L: OLMo-core counts its batch sizes in tokens")
+    if adapter is not None or checkpoint:
+        if workload is not None:
+            raise BatchlabError(f"give either a WORKLOAD ({workload!r}) or --adapter with --checkpoint, not both")
+        given = [flag for flag, value in (("--steps-at", steps_at), ("--optimizer", optimizer), ("--hparam", hparam),
+                                          ("--examples", examples), ("--probe-batch-size", probe_batch_size),
+                                          ("--train-examples", train_examples), ("--steps", steps),
+                                          ("--device", device)) if value]
+        if noise_repeats:
+            given.append("--noise-repeats")
+        if given:
+            raise BatchlabError(f"{', '.join(given)} define a WORKLOAD's reference run; with --adapter your adapter and "
+                                "checkpoints define it (allowed: --batch-size, --learning-rate, --multipliers, --rule, "
+                                "--window, --tolerance, --seed, --out, --workers, --dask, --scheduler)")
+        if adapter is None:
+            raise BatchlabError("--checkpoint needs --adapter MODULE:ATTR (the adapter that builds, loads and feeds "
+                                "your model)")
+        if not checkpoint:
+            raise BatchlabError("--adapter needs at least one --checkpoint STEP=PATH")
+        if batch_size is None:
+            raise BatchlabError("--adapter needs --batch-size B: your run's batch size (examples per update)")
+        result = _branched_from_adapter(adapter, parse_checkpoints(checkpoint), batch_size, learning_rate, multipliers,
+                                        rule, window, tolerance, seed, out, workers, dask, scheduler, json_output)
+        label = {"workload": None, "optimizer": None, "adapter": result.settings["adapter"]}
+    else:
+        if workload is None:
+            raise BatchlabError("give a WORKLOAD, or --adapter MODULE:ATTR with --checkpoint STEP=PATH for your own run's "
+                                "checkpoints")
+        if dask or scheduler is not None:
+            raise BatchlabError("--dask and --scheduler run the branches of --adapter checkpoints; a WORKLOAD's branches "
+                                "run with --workers")
+        result = _branched_from_workload(workload, steps_at, optimizer, batch_size, learning_rate, hparam, multipliers,
+                                         rule, window, tolerance, examples, probe_batch_size, seed, train_examples,
+                                         steps, out, workers, noise_repeats, device, json_output)
+        label = {"workload": result.settings["workload"], "optimizer": result.settings["optimizer"]}
+    _branched_output(result, label, json_output)
+    if schedule_out is not None or olmo_core_out is not None:
+        _write_schedules(result, schedule_out, olmo_core_out, tokens_per_example)
+
+
+def _progress(json_output: bool):
+    def progress(step: int, k: int, factor: float, loss: float) -> None:
+        if not json_output:
+            note(f"step {step}: branch k={k} lr factor {fmt(factor)}: loss {fmt(loss)}")
+
+    return progress
+
+
+def _branched_from_workload(workload, steps_at, optimizer, batch_size, learning_rate, hparam, multipliers, rule, window,
+                            tolerance, examples, probe_batch_size, seed, train_examples, steps, out, workers,
+                            noise_repeats, device, json_output):
+    """The existing path: the reference run of WORKLOAD, trained here."""
     from batchlab.cli.train import parse_hparams
     from batchlab.optim import optimizer_defaults
-    from batchlab.probes.branched import branched_critical_batch_size, warmup_schedule
+    from batchlab.probes.branched import branched_critical_batch_size
     from batchlab.probes.reference import ADAM_LIKE, check_steps_at
     from batchlab.train.device import check_device
     from batchlab.workloads import resolve_workload
 
-    wanted = check_steps_at(opt.parse_csv(steps_at, "--steps-at", int))
+    optimizer = DEFAULT_OPTIMIZER if optimizer is None else optimizer
+    wanted = check_steps_at(opt.parse_csv(DEFAULT_STEPS_AT if steps_at is None else steps_at, "--steps-at", int))
     ks = opt.parse_csv(multipliers, "--multipliers", int)
-    device = check_device(device)
+    device = check_device("auto" if device is None else device)
     w = resolve_workload(workload)
     defaults = optimizer_defaults(optimizer)  # unknown optimizer: one line naming the closest
     extra = parse_hparams(hparam)
@@ -333,29 +456,69 @@ def branched_command(
                                        else learning_rate, **extra}
     batch = w.default_batch_size if batch_size is None else batch_size
     chosen_rule = rule if rule is not None else ("sqrt" if optimizer in ADAM_LIKE else "linear")
-
-    def progress(step: int, k: int, factor: float, loss: float) -> None:
-        if not json_output:
-            note(f"step {step}: branch k={k} lr factor {fmt(factor)}: loss {fmt(loss)}")
-
     result = branched_critical_batch_size(
         workload, optimizer, batch, hyperparameters, wanted, multipliers=ks, rule=chosen_rule, window=window,
         tolerance=tolerance, seed=seed, train_examples=train_examples, steps=steps, probe_examples=examples,
         probe_batch_size=probe_batch_size, device=device, out=out, workers=workers, noise_repeats=noise_repeats,
-        progress=progress)
+        progress=_progress(json_output))
+    result.settings["learning_rate"] = float(hyperparameters["learning_rate"])
+    return result
+
+
+def _branched_from_adapter(adapter, checkpoints, batch_size, learning_rate, multipliers, rule, window, tolerance, seed,
+                           out, workers, dask, scheduler, json_output):
+    """Your own run: the adapter and its checkpoints (:func:`batchlab.integrations.branched.branched_from_checkpoints`)."""
+    from batchlab.integrations.branched import (
+        branched_from_checkpoints,
+        check_checkpoints,
+        default_rule,
+    )
+
+    ks = opt.parse_csv(multipliers, "--multipliers", int)
+    check_checkpoints(checkpoints)  # before default_rule builds the model
+    chosen_rule = rule if rule is not None else default_rule(adapter)
+    return branched_from_checkpoints(adapter, checkpoints, batch_size, learning_rate=learning_rate, multipliers=ks,
+                                     rule=chosen_rule, window=window, tolerance=tolerance, out=out, workers=workers,
+                                     dask=dask, scheduler=scheduler, seed=seed, progress=_progress(json_output))
+
+
+def _branched_output(result: Any, label: dict, json_output: bool) -> None:
+    """One JSON object per checkpoint, or the table."""
+    from batchlab.probes.branched import warmup_schedule
+
     schedule = dict(warmup_schedule(result))
-    settings = {**result.settings, "learning_rate": float(hyperparameters["learning_rate"])}
+    settings = result.settings
     rows, current = [], None
     for point in result.checkpoints:
         current = schedule.get(point.step, current)
-        row = {"step": point.step, "workload": settings["workload"], "optimizer": settings["optimizer"],
-               **point.to_dict(), "warmup_batch_size": current, "examples_processed": result.examples_processed,
-               "computed": result.computed, "settings": settings}
+        row = {"step": point.step, **label, **point.to_dict(), "warmup_batch_size": current,
+               "examples_processed": result.examples_processed, "computed": result.computed, "settings": settings}
         if json_output:
             emit_json(row)
         rows.append(row)
     if not json_output:
         _branched_table(rows, settings)
+
+
+def _write_schedules(result: Any, schedule_out: Optional[str], olmo_core_out: Optional[str],
+                     tokens_per_example: Optional[int]) -> None:
+    """``--schedule-out`` (batchlab's schedule JSON) and ``--olmo-core-out`` (OLMo-core's arguments)."""
+    import json
+
+    from batchlab.atomic import os_error_text, write_stream_atomic
+    from batchlab.integrations.branched import batch_size_schedule
+
+    schedule = batch_size_schedule(result, tokens_per_example=tokens_per_example)
+    if schedule_out is not None:
+        schedule.save(schedule_out)
+        note(f"batch-size schedule ({schedule.unit}): {schedule_out}")
+    if olmo_core_out is not None:
+        payload = (json.dumps(schedule.to_olmo_core(), indent=2) + "\n").encode()
+        try:
+            write_stream_atomic(olmo_core_out, lambda handle: handle.write(payload))
+        except OSError as exc:
+            raise BatchlabError(f"cannot write --olmo-core-out: {os_error_text(exc)}") from None
+        note(f"OLMo-core batch_sizes (tokens): {olmo_core_out}")
 
 
 def _branched_table(rows: list[dict], settings: dict) -> None:
@@ -369,9 +532,16 @@ def _branched_table(rows: list[dict], settings: dict) -> None:
         table.append([r["step"], fmt(r["learning_rate"]), fmt(r["reference_loss"]), *ratios, r["critical_batch_size"],
                       f"[{r['interval']['low']}, {'inf' if high is None else high})", r["warmup_batch_size"]])
     method = rows[0]["interval"]["method"] if rows else "bracket"
-    print_table(f"branched critical batch size, {settings['workload']} {settings['optimizer']} B={settings['batch_size']} "
-                f"lr={fmt(settings['learning_rate'])} rule={settings['rule']}", columns, table,
+    if settings.get("adapter"):
+        rate = "per checkpoint" if settings["learning_rate"] is None else fmt(settings["learning_rate"])
+        title = f"branched critical batch size, adapter {settings['adapter']} B={settings['batch_size']} lr={rate}"
+        probes = "the adapter's probe loss"
+    else:
+        title = (f"branched critical batch size, {settings['workload']} {settings['optimizer']} B={settings['batch_size']} "
+                 f"lr={fmt(settings['learning_rate'])}")
+        probes = f"{settings['probe_examples']} probe examples"
+    print_table(f"{title} rule={settings['rule']}", columns, table,
                 caption=f"ratio = branch loss / reference loss after {settings['window']} examples on "
-                        f"{settings['probe_examples']} probe examples (x: above 1 + {fmt(settings['tolerance'])}); "
+                        f"{probes} (x: above 1 + {fmt(settings['tolerance'])}); "
                         f"interval: {method}; "
                         f"{rows[0]['examples_processed'] if rows else 0} training examples processed")

@@ -62,6 +62,9 @@ the last checkpoint with a missing branch); different settings are refused. ``wo
 branches of a checkpoint in a pool of spawned processes (each rebuilds the model from the workload and
 the checkpoint's state dicts, as ``sweep`` workers do); results do not depend on ``workers``.
 
+The same measurement on the checkpoints of a run batchlab did not train (an adapter instead of a
+workload) is :mod:`batchlab.integrations.branched`, which reuses :func:`_summarize` and :class:`_Cache`.
+
 Optimizers whose state lives outside ``optimizer.state_dict()`` (K-FAC's curvature factors) restart
 it in each branch. :func:`branched_on_nqm` is the same measurement on the exact noisy quadratic model
 (expected losses, no noise), where the answer is known.
@@ -84,7 +87,7 @@ from batchlab.errors import BatchlabError, increasing_ints, unknown_name_error
 
 __all__ = ["DEFAULT_MULTIPLIERS", "DEFAULT_TOLERANCE", "DEFAULT_WINDOW_STEPS", "RULES", "TUNED_EXPONENTS", "Branch",
            "BranchedCheckpoint", "BranchedResult", "branched_critical_batch_size", "branched_on_nqm",
-           "check_multipliers", "learning_rate_factors", "warmup_schedule"]
+           "check_multipliers", "checked_settings", "learning_rate_factors", "warmup_schedule"]
 
 RULES = ("linear", "sqrt", "tuned")
 DEFAULT_MULTIPLIERS = (1, 2, 4, 8, 16, 32)
@@ -242,6 +245,21 @@ def _check_batch_size(batch_size: Any) -> int:
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise BatchlabError(f"batch size must be an integer >= 1, got {batch_size!r}")
     return int(batch_size)
+
+
+def checked_settings(batch_size: Any, multipliers: Any, rule: Any, tolerance: Any, window: Any,
+                     workers: Any) -> tuple[int, list[int], str, float, int]:
+    """The settings every branched measurement shares, checked: ``(batch_size, multipliers, rule,
+    tolerance, window)`` (the window in examples, its default filled in); ``workers`` must be an
+    integer >= 1. Each bad value is a one-line :class:`BatchlabError`."""
+    batch = _check_batch_size(batch_size)
+    ks = check_multipliers(multipliers)
+    checked_rule = _check_rule(rule)
+    tol = _check_tolerance(tolerance)
+    size = _check_window(window, batch, ks)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise BatchlabError(f"workers must be an integer >= 1, got {workers!r}")
+    return batch, ks, checked_rule, tol, size
 
 
 def learning_rate_factors(multiplier: int, rule: str) -> list[float]:
@@ -544,13 +562,19 @@ def _branch_key(step: int, k: int, factor: float, order: int = 0) -> str:
 
 class _Cache:
     """``out/branched.json``: ``{"version", "settings", "branches": {"step/k/factor": loss or null (diverged)},
-    "learning_rates": {"step": rate}}``, rewritten atomically after every branch."""
+    "learning_rates": {"step": rate}}``, rewritten atomically after every branch; plus ``"checkpoints":
+    {"step": {...}}`` when :attr:`checkpoints` is not empty (the checkpoint files' identities of
+    :mod:`batchlab.integrations.branched`; never written by :func:`branched_critical_batch_size`).
 
-    def __init__(self, out: str | Path | None, settings: dict) -> None:
+    ``mismatch``: the end of the error for a file of another measurement (what differs, in the caller's
+    terms); the default names the workload path's settings."""
+
+    def __init__(self, out: str | Path | None, settings: dict, mismatch: str | None = None) -> None:
         self.path = None if out is None else Path(out) / CACHE_NAME
         self.settings = json.loads(json.dumps(settings, default=str))
         self.branches: dict[str, float | None] = {}
         self.learning_rates: dict[str, float] = {}
+        self.checkpoints: dict[str, Any] = {}
         if self.path is None:
             return
         if self.path.parent.exists() and not self.path.parent.is_dir():
@@ -561,10 +585,12 @@ class _Cache:
             except (OSError, ValueError) as exc:
                 raise BatchlabError(f"cannot read the branch cache {str(self.path)!r}: {exc}") from None
             if data.get("version") != CACHE_VERSION or data.get("settings") != self.settings:
-                raise BatchlabError(f"{str(self.path)!r} holds branches of a different measurement (other reference run, "
-                                    "window or probe settings); use another --out directory")
+                raise BatchlabError(f"{str(self.path)!r} holds branches of a different measurement ("
+                                    + (mismatch or "other reference run, window or probe settings")
+                                    + "); use another --out directory")
             self.branches = dict(data.get("branches", {}))
             self.learning_rates = dict(data.get("learning_rates", {}))
+            self.checkpoints = dict(data.get("checkpoints", {}))
 
     def get(self, step: int, k: int, factor: float, order: int = 0) -> float | None:
         key = _branch_key(step, k, factor, order)
@@ -576,13 +602,20 @@ class _Cache:
     def put(self, step: int, k: int, factor: float, loss: float, learning_rate: float, order: int = 0) -> None:
         self.branches[_branch_key(step, k, factor, order)] = _json_float(loss)
         self.learning_rates[str(int(step))] = float(learning_rate)
+        self.save()
+
+    def save(self) -> None:
+        """Rewrite the file (atomically) with everything held now; nothing without ``out``."""
         if self.path is None:
             return
         from batchlab.atomic import write_stream_atomic
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        payload = json.dumps({"version": CACHE_VERSION, "settings": self.settings, "branches": self.branches,
-                              "learning_rates": self.learning_rates}, indent=1, sort_keys=True).encode()
+        data = {"version": CACHE_VERSION, "settings": self.settings, "branches": self.branches,
+                "learning_rates": self.learning_rates}
+        if self.checkpoints:
+            data["checkpoints"] = self.checkpoints
+        payload = json.dumps(data, indent=1, sort_keys=True).encode()
         write_stream_atomic(self.path, lambda handle: handle.write(payload), durable=False)
 
 
@@ -614,13 +647,7 @@ def branched_critical_batch_size(workload: Any, optimizer: str, batch_size: int,
     """
     from batchlab.probes.reference import reference_checkpoints
 
-    batch = _check_batch_size(batch_size)
-    ks = check_multipliers(multipliers)
-    rule = _check_rule(rule)
-    tol = _check_tolerance(tolerance)
-    size = _check_window(window, batch, ks)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise BatchlabError(f"workers must be an integer >= 1, got {workers!r}")
+    batch, ks, rule, tol, size = checked_settings(batch_size, multipliers, rule, tolerance, window, workers)
     if isinstance(noise_repeats, bool) or not isinstance(noise_repeats, int) or noise_repeats < 0:
         raise BatchlabError(f"noise repeats must be an integer >= 0 (0: the bracket interval), got {noise_repeats!r}")
     checkpoints = reference_checkpoints(workload, optimizer, batch, hyperparameters, checkpoints_at, seed=seed,
