@@ -1,50 +1,68 @@
-"""What the noise-scale tracker costs per training step, against a plain step in the same process.
+"""What the noise-scale tracker costs per training step, in a plain loop and in a Lightning loop.
 
-For ``mnist/fc_64_64_64`` and ``mnist/simple_cnn_narrow`` (the workloads' own models; inputs are
-random MNIST-shaped tensors, since the cost of a step does not depend on their values), SGD, at batch
-sizes 128 and 1024 (the CNN: 64 and 256), four loops on one model are timed in short segments,
-interleaved in rotating order, and each ratio is the median over rounds of neighbouring segments
-(robust to other processes on a shared machine):
+For every built-in workload's model (``batchlab.workloads.registry.BUILTIN_NAMES``; inputs are random
+tensors of the workload's shapes from ``Workload.example_batch``, since the cost of a step does not
+depend on their values) at its default batch size B, SGD, each step one batch of B examples cut into
+2 micro-batches of B/2 (gradient accumulation, each micro-batch loss divided by 2), six loops on one
+model are timed in segments, interleaved in rotating order:
 
-* ``plain``: one forward/backward of the whole batch and ``optimizer.step()``: the baseline;
-* ``split``: the same batch as 2 micro-batches (gradient accumulation, each loss divided by 2);
-* ``tracked``: ``split`` plus :class:`batchlab.probes.tracker.NoiseScaleTracker` (its hooks see
-  each micro-batch gradient, ``update`` reads ``.grad``): the two-batch estimator, every step;
-* ``every10``: the same with ``NoiseScaleTracker(..., every=10)`` (one step in 10 measured).
+* ``plain``: a hand-written loop (``zero_grad``, 2 forward/backward passes, ``step``): the baseline;
+* ``plain+tracker``: the same with :class:`batchlab.probes.tracker.NoiseScaleTracker` updated at
+  every step (its hooks see each micro-batch gradient, ``update`` reads ``.grad``);
+* ``plain+every10``: the same with ``NoiseScaleTracker(..., every=10)`` (one step in 10 measured);
+* ``lightning``: a ``LightningModule`` around the same model, ``Trainer(accumulate_grad_batches=2,
+  logger=False)`` without progress bar, checkpointing, model summary or validation, one CPU device:
+  the baseline of the three Lightning loops;
+* ``lightning+callback`` / ``lightning+every10``: the same Trainer with
+  :class:`batchlab.integrations.lightning.NoiseScaleCallback` (every step / ``every=10``).
 
-Printed per model and batch size: ``tracker`` = tracked / split - 1, the tracker's own cost per step
-as a fraction of the step, which is all it costs a loop that already has two gradients per step
-(gradient accumulation, or DistributedDataParallel where the local and the all-reduced gradients are
-the two); ``split`` = split / plain - 1, what cutting a single-batch step in two costs; and
-``total`` = tracked / plain - 1. Goal: ``tracker`` < 5%.
+Each reported figure is the tracker's own cost per step as a fraction of the step: the median over
+rounds of (segment with the tracker) / (neighbouring baseline segment of the same loop kind) - 1,
+robust to other processes on a shared machine. ``+-`` is its noise: 1.25 x 1.48 x the median absolute
+deviation of the per-round ratios / sqrt(rounds), about the standard error of the median. Clocks: CPU
+seconds of this process (``time.process_time``, one torch thread), so other processes do not count; a
+Lightning segment is timed from the start of its first measured micro-batch to the end of its last
+(the Trainer's setup and 2 warm-up steps left out). The every=10 segments hold a multiple of 10 steps.
+Goal: under 5% at every step for every built-in model.
 
-Clocks: CPU seconds of this process (``time.process_time``, one torch thread), so other processes
-on a shared machine do not count.
+Measured (shared 2-core machine, other jobs running, CPU, torch 2.13, lightning 2.6; under
+``nice -n 10``; step = the baseline's ms per step):
 
-Measured (shared 2-core machine under load, CPU, torch 2.13; 31 rounds of 0.1 s segments; the
-rounds' spread puts a few percent of noise on each figure):
+    workload                          B rnd  plain ms   every noise every10 noise  light ms   every noise every10 noise
+    cifar_10/resnet_8               128   5    256.22   +3.8% ±4.5%   -2.6% ±8.4%    233.71   +2.2% ±4.0%   +0.8% ±3.0%
+    fashion_mnist/simple_cnn_base   128   6    168.23   +2.2% ±6.5%   -4.5% ±7.1%    179.22   +4.3% ±7.4%   -4.4% ±5.2%
+    mnist/fc_1024_1024_1024         128  15     40.11   +5.4% ±4.0%   +0.3% ±4.9%     42.44  +12.0% ±3.0%   +3.8% ±3.1%
+    mnist/fc_128_128_128            128  15      2.77  +28.3% ±3.0%   -0.0% ±1.1%      4.76  +24.5% ±3.0%   -0.3% ±3.0%
+    mnist/fc_256_256_256            128  15      4.65  +20.9% ±5.6%  +15.7% ±3.3%      6.63  +19.5% ±7.8%   +3.4% ±7.7%
+    mnist/fc_64_64_64               128  15      1.53  +35.4% ±4.2%   +6.3% ±10.0%      2.64  +38.7% ±8.5%  +17.3% ±7.8%
+    mnist/simple_cnn_base           128   5    167.13   +4.9% ±2.9%   +9.8% ±8.0%    171.45   +0.0% ±4.4%   -4.4% ±1.9%
+    mnist/simple_cnn_narrow         128  15     54.48   +7.1% ±2.0%   +1.9% ±3.2%     57.58   +3.2% ±2.1%   -1.6% ±4.4%
+    mnist/simple_cnn_wide           128   5    619.60   -0.6% ±2.2%   -3.2% ±7.5%    606.32   +2.2% ±4.9%   -1.4% ±1.7%
+    nqm/quadratic                    16  15      0.41  +36.5% ±6.6%  +12.1% ±4.3%      1.17  +28.7% ±4.9%  +11.5% ±5.2%
+    shakespeare/lstm_char            32  15     55.22   +2.7% ±1.0%   +1.2% ±2.5%     58.25   +1.9% ±1.7%   -1.0% ±1.8%
+    shakespeare/transformer_char     32   8     94.90   +3.9% ±5.5%   +3.8% ±5.2%     96.42   +0.8% ±4.2%  +10.4% ±8.6%
 
-    workload                   B  plain ms  tracker  every10   split   total
-    mnist/fc_64_64_64        128      1.24   +27.1%    +4.4%  +45.4%  +89.6%
-    mnist/fc_64_64_64       1024      5.12    +8.2%    -1.0%   +9.7%  +16.6%
-    mnist/simple_cnn_narrow   64     35.84    +4.9%    +1.9%   +1.5%   +4.9%
-    mnist/simple_cnn_narrow  256    142.99    +3.1%    -0.7%  -11.1%   -9.7%
+    rerun of three rows, plain loops only (the same code, minutes later):
+    mnist/fc_256_256_256            128  15      5.51  +17.4% ±3.1%   +4.8% ±1.5%
+    mnist/fc_64_64_64               128  15      1.49  +30.4% ±2.6%   +4.4% ±3.0%
+    nqm/quadratic                    16  15      0.58  +38.8% ±3.4%   +8.2% ±1.7%
 
-A measured step costs about 0.5 ms of per-call overhead on this CPU (a Python hook call per
-parameter tensor per backward pass, the update's host-side arithmetic), whatever the batch size,
-plus one read of every gradient per backward pass and per update (59 k parameters in the small
-model, 0.82 M in the CNN). That is under the 5% goal for the CNN at every step, and for the small
-fully-connected model (1-6 ms steps) with ``every=10`` (+4.4% at batch 128, within noise of 0 at
-1024); measuring every step there costs +8% to +27%. Splitting a one-batch step in two costs the
-small model +10% to +45% (two small matrix products per layer instead of one) and the CNN nothing
-consistent (+1.5%, -11%).
-Two earlier runs, before the hooks were fully cleared between measured steps, gave the same
-every-step figures within 5 points.
+Whole run: 8.6 minutes of wall time. Noise: the ``±`` column is 1-10 points, and on this machine
+under other jobs' load it understates the run-to-run spread: fc_256's plain every=10 figure was
++15.7% in the full run and +4.8% in the rerun. Within the median's noise, under 5% at every step:
+the plain loop of resnet_8, both simple_cnn_base, simple_cnn_wide, lstm_char and transformer_char
+(simple_cnn_base at +4.9% +- 2.9% only just); the Lightning loop of those and of simple_cnn_narrow.
+Over 5% at every step: all four fully connected nets (plain +5.4% for fc_1024 up to +35% for
+fc_64; Lightning +12% to +39%), nqm/quadratic (0.4 ms steps: +37%, +29%) and simple_cnn_narrow's
+plain loop (+7.1% +- 2.0%). With every=10 most entries are within noise of zero; the exceptions are
+the smallest steps (nqm/quadratic +8% to +12%, fc_64 +4% to +17%) and single readings that a rerun
+did not repeat (fc_256 plain).
 
-What a prediction of the critical batch size costs against the measured sweep (the branched
-estimate's compute among them) is a claim of its own: ``benchmarks/predict_cost.py``.
-
-Run (about 5 minutes): ``OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/probe_cost.py``
+Run (about 9 minutes): ``OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE nice -n 10 .venv/bin/python
+benchmarks/probe_cost.py``; ``--quick`` (3 rounds of short segments, a minute or two),
+``--workloads mnist/fc_64_64_64,nqm/quadratic`` (a subset), ``--loops plain`` (only the plain loops).
+What a prediction of the critical batch size costs against the measured sweep is a claim of its own:
+``benchmarks/predict_cost.py``.
 """
 
 from __future__ import annotations
@@ -54,106 +72,227 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import argparse  # noqa: E402
+import logging  # noqa: E402
+import math  # noqa: E402
 import time  # noqa: E402
+import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 from batchlab.probes.tracker import NoiseScaleTracker  # noqa: E402
 from batchlab.workloads import get_workload  # noqa: E402
+from batchlab.workloads.registry import BUILTIN_NAMES  # noqa: E402
 
-BATCH_SIZES = {"mnist/fc_64_64_64": (128, 1024), "mnist/simple_cnn_narrow": (64, 256)}
 MICRO_BATCHES = 2
 EVERY = 10
-SEGMENT_S = 0.1  # CPU seconds per timed segment
-ROUNDS = 31  # segments per loop, interleaved; ratios are medians over rounds
-POOL = 8  # distinct input batches cycled through
+WARM_STEPS = 2  # Lightning: steps of each segment before its clock starts
+POOL = 4  # distinct batches cycled through
 
 
-def make_data(batch_size: int, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.rand(batch_size, 1, 28, 28, generator=g), torch.randint(0, 10, (batch_size,), generator=g))
-            for _ in range(POOL)]
+def order_of_workloads() -> list[str]:
+    """Built-in workloads, by name."""
+    return sorted(BUILTIN_NAMES)
 
 
-def run_loop(model, optimizer, data, steps: int, micro_batches: int, tracker: NoiseScaleTracker | None) -> float:
-    """CPU seconds of ``steps`` SGD steps, each over one batch cut into ``micro_batches``."""
+def make_batches(workload, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [workload.example_batch(batch_size, seed=seed) for seed in range(POOL)]
+
+
+# -- the plain loop ---------------------------------------------------------------------------------
+
+
+def plain_loop(model, optimizer, loss_fn, batches, steps: int, tracker: NoiseScaleTracker | None) -> float:
+    """CPU seconds per step of ``steps`` SGD steps, each over one batch cut into ``MICRO_BATCHES``."""
     start = time.process_time()
     for step in range(steps):
-        x, y = data[step % len(data)]
+        x, y = batches[step % len(batches)]
         optimizer.zero_grad(set_to_none=True)
-        if micro_batches == 1:
-            F.cross_entropy(model(x), y).backward()
-        else:
-            for xm, ym in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
-                (F.cross_entropy(model(xm), ym) / micro_batches).backward()
+        for xm, ym in zip(x.chunk(MICRO_BATCHES), y.chunk(MICRO_BATCHES)):
+            (loss_fn(model(xm), ym) / MICRO_BATCHES).backward()
         if tracker is not None:
-            tracker.update(model, batch_size=len(x), grad_scale=1 / micro_batches)
+            tracker.update(model, batch_size=len(x), grad_scale=1 / MICRO_BATCHES)
         optimizer.step()
-    return time.process_time() - start
+    return (time.process_time() - start) / steps
 
 
-def measure(name: str, batch_size: int) -> dict:
+# -- the Lightning loop -----------------------------------------------------------------------------
+
+
+def lightning_parts():
+    """The LightningModule and clock callback classes (lightning imported only when used)."""
+    import lightning.pytorch as pl
+
+    for name in list(logging.root.manager.loggerDict):  # the Trainer's notices on every fit
+        if name.startswith("lightning"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+    class Module(pl.LightningModule):
+        def __init__(self, model, loss_fn):
+            super().__init__()
+            self.model = model
+            self.loss_fn = loss_fn
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return self.loss_fn(self.model(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+    class Clock(pl.Callback):
+        """CPU seconds from the first measured micro-batch's start to the last one's end."""
+
+        def __init__(self, first: int, last: int):
+            self.first, self.last, self.start, self.seconds = first, last, None, None
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if batch_idx == self.first:
+                self.start = time.process_time()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if batch_idx == self.last:
+                self.seconds = time.process_time() - self.start
+
+    return pl, Module, Clock
+
+
+def lightning_loop(model, loss_fn, micro_batches, steps: int, every: int | None) -> float:
+    """CPU seconds per optimizer step of ``steps`` Lightning steps (after ``WARM_STEPS``), with a
+    ``NoiseScaleCallback(every=every)`` unless ``every`` is None."""
+    from batchlab.integrations.lightning import NoiseScaleCallback
+
+    pl, Module, Clock = lightning_parts()
+    total = WARM_STEPS + steps
+    data = [micro_batches[i % len(micro_batches)] for i in range(total * MICRO_BATCHES)]
+    loader = torch.utils.data.DataLoader(data, batch_size=None, shuffle=False)
+    clock = Clock(WARM_STEPS * MICRO_BATCHES, total * MICRO_BATCHES - 1)
+    callbacks = [clock] + ([] if every is None else [NoiseScaleCallback(every=every)])
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=total, max_epochs=1,
+                         accumulate_grad_batches=MICRO_BATCHES, logger=False, enable_progress_bar=False,
+                         enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
+                         limit_val_batches=0, callbacks=callbacks)
+    trainer.fit(Module(model, loss_fn), train_dataloaders=loader)
+    if clock.seconds is None:
+        raise RuntimeError("the Lightning segment ended before its last measured micro-batch")
+    return clock.seconds / steps
+
+
+# -- one workload -----------------------------------------------------------------------------------
+
+
+def segment_steps(per_step: float, segment_s: float) -> tuple[int, int]:
+    """Steps per segment: of the every-step loops, and of the every=10 loops (a multiple of 10)."""
+    steps = max(2, int(round(segment_s / max(per_step, 1e-6))))
+    return steps, max(EVERY, int(math.ceil(steps / EVERY)) * EVERY)
+
+
+def noise(ratios: np.ndarray) -> float:
+    """About the standard error of the median of ``ratios``."""
+    mad = float(np.median(np.abs(ratios - np.median(ratios))))
+    return 1.2533 * 1.4826 * mad / math.sqrt(len(ratios))
+
+
+def measure(name: str, loops: tuple[str, ...], segment_s: float, budget_s: float, min_rounds: int,
+            max_rounds: int) -> dict:
     workload = get_workload(name)
-    data = make_data(batch_size)
+    batch_size = workload.default_batch_size
+    batches = make_batches(workload, batch_size)
+    micro = [(xm, ym) for x, y in batches for xm, ym in zip(x.chunk(MICRO_BATCHES), y.chunk(MICRO_BATCHES))]
     model = workload.build_model(seed=0)  # one model for every loop: no layout differences between them
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    kept = {}
+    loss_fn = workload.loss
 
-    def tracked(n: int, every: int) -> float:
+    def tracked(steps: int, every: int) -> float:
         tracker = NoiseScaleTracker(model, beta=0.99, every=every)  # hooks on for this segment only
         try:
-            return run_loop(model, optimizer, data, n, MICRO_BATCHES, tracker)
+            return plain_loop(model, optimizer, loss_fn, batches, steps, tracker)
         finally:
             tracker.remove()
-            kept["b_simple"] = tracker.b_simple
 
-    loops = {
-        "plain": lambda n: run_loop(model, optimizer, data, n, 1, None),
-        "split": lambda n: run_loop(model, optimizer, data, n, MICRO_BATCHES, None),
-        "tracked": lambda n: tracked(n, 1),
-        "sparse": lambda n: tracked(n, EVERY),
-    }
-    for loop in loops.values():  # warm up (allocator, first-call costs)
-        loop(EVERY)
-    per_step = loops["plain"](3) / 3
-    steps = max(EVERY, int(SEGMENT_S / max(per_step, 1e-6)) // EVERY * EVERY)
-    times = {k: [] for k in loops}
-    names = list(loops)
-    for r in range(ROUNDS):  # short segments, rotating order: the ratios of neighbours, robust to load
+    plain_loop(model, optimizer, loss_fn, batches, 2, None)  # warm up (allocator, first-call costs)
+    per_step = plain_loop(model, optimizer, loss_fn, batches, 3, None)
+    steps, steps10 = segment_steps(per_step, segment_s)
+    table = {}
+    if "plain" in loops:
+        table.update({
+            "plain": lambda: plain_loop(model, optimizer, loss_fn, batches, steps, None),
+            "plain+tracker": lambda: tracked(steps, 1),
+            "plain+every10": lambda: tracked(steps10, EVERY),
+        })
+    if "lightning" in loops:
+        lightning_loop(model, loss_fn, micro, 2, 1)  # warm up Lightning's first-call costs
+        table.update({
+            "lightning": lambda: lightning_loop(model, loss_fn, micro, steps, None),
+            "lightning+callback": lambda: lightning_loop(model, loss_fn, micro, steps, 1),
+            "lightning+every10": lambda: lightning_loop(model, loss_fn, micro, steps10, EVERY),
+        })
+    kinds = sum(1 for loop in ("plain", "lightning") if loop in loops)
+    round_s = kinds * per_step * (2 * steps + steps10) * 1.5  # Lightning's own work: about half again
+    rounds = int(min(max_rounds, max(min_rounds, budget_s // max(round_s, 1e-9))))
+    times = {k: [] for k in table}
+    names = list(table)
+    for r in range(rounds):  # rotating order: each ratio compares neighbouring segments
         for key in names[r % len(names):] + names[: r % len(names)]:
-            times[key].append(loops[key](steps) / steps)
+            times[key].append(table[key]())
     t = {k: np.array(v) for k, v in times.items()}
+    out = {"workload": name, "batch_size": batch_size, "rounds": rounds, "steps": steps, "steps10": steps10,
+           "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+           "tensors": sum(1 for p in model.parameters() if p.requires_grad)}
+    for base, with_tracker, every10 in (("plain", "plain+tracker", "plain+every10"),
+                                        ("lightning", "lightning+callback", "lightning+every10")):
+        if base not in t:
+            continue
+        out[f"{base}_ms"] = 1e3 * float(np.median(t[base]))
+        for label, key in (("every", with_tracker), ("every10", every10)):
+            ratios = t[key] / t[base]
+            out[f"{base}_{label}"] = float(np.median(ratios) - 1)
+            out[f"{base}_{label}_noise"] = noise(ratios)
+        out[f"{base}_every_us"] = 1e6 * float(np.median(t[with_tracker] - t[base]))
+    return out
 
-    def ratio(a: str, b: str) -> float:
-        return float(np.median(t[a] / t[b]) - 1)
 
-    return {
-        "workload": name,
-        "batch_size": batch_size,
-        "steps": steps * ROUNDS,
-        "plain_ms": 1e3 * float(np.median(t["plain"])),
-        "tracker": ratio("tracked", "split"),
-        "sparse": ratio("sparse", "split"),
-        "split": ratio("split", "plain"),
-        "total": ratio("tracked", "plain"),
-        "b_simple": kept["b_simple"],
-    }
+def row(r: dict, loops: tuple[str, ...]) -> str:
+    text = f"{r['workload']:<30} {r['batch_size']:>4} {r['rounds']:>3}"
+    for base in ("plain", "lightning"):
+        if base in loops:
+            text += (f" {r[f'{base}_ms']:>9.2f} {r[f'{base}_every']:>+7.1%} ±{r[f'{base}_every_noise']:>4.1%}"
+                     f" {r[f'{base}_every10']:>+7.1%} ±{r[f'{base}_every10_noise']:>4.1%}")
+    return text
 
 
-def main() -> None:
+def header(loops: tuple[str, ...]) -> str:
+    text = f"{'workload':<30} {'B':>4} {'rnd':>3}"
+    for base in ("plain", "lightning"):
+        if base in loops:
+            text += f" {base[:5] + ' ms':>9} {'every':>7} {'noise':>5} {'every10':>7} {'noise':>5}"
+    return text
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 rounds of short segments (for trying it)")
+    parser.add_argument("--workloads", default=None, help="comma-separated workload names (default: all built-ins)")
+    parser.add_argument("--loops", default="plain,lightning", help="plain, lightning or both (comma-separated)")
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    print(f"{'workload':<26} {'B':>5} {'steps':>6} {'plain ms':>9} {'tracker':>8} {f'every{EVERY}':>8} {'split':>7} "
-          f"{'total':>7} {'B_simple':>9}")
-    for name, sizes in BATCH_SIZES.items():
-        for batch_size in sizes:
-            r = measure(name, batch_size)
-            print(f"{r['workload']:<26} {r['batch_size']:>5} {r['steps']:>6} {r['plain_ms']:>9.2f} {r['tracker']:>+8.1%} "
-                  f"{r['sparse']:>+8.1%} {r['split']:>+7.1%} {r['total']:>+7.1%} {r['b_simple']:>9.1f}", flush=True)
-    print(f"tracker = tracked/split - 1 (the tracker's own cost per step; goal < 5%); every{EVERY}: the same measuring "
-          f"one step in {EVERY}; split = split/plain - 1 ({MICRO_BATCHES} micro-batches instead of one batch); "
-          "total = tracked/plain - 1")
+    names = order_of_workloads() if args.workloads is None else [n.strip() for n in args.workloads.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BUILTIN_NAMES]
+    if unknown:
+        raise SystemExit(f"unknown workload {unknown[0]!r}; built-ins: {', '.join(sorted(BUILTIN_NAMES))}")
+    loops = tuple(x.strip() for x in args.loops.split(","))
+    if not loops or any(x not in ("plain", "lightning") for x in loops):
+        raise SystemExit(f"--loops takes plain and/or lightning, got {args.loops!r}")
+    if "lightning" in loops:
+        warnings.filterwarnings("ignore")  # Lightning's advice on dataloader workers and the like
+    segment_s, budget_s, min_rounds, max_rounds = (0.03, 5.0, 3, 3) if args.quick else (0.12, 40.0, 5, 15)
+    print(header(loops), flush=True)
+    for name in names:
+        print(row(measure(name, loops, segment_s, budget_s, min_rounds, max_rounds), loops), flush=True)
+    print(f"every = (loop with the tracker at every step) / (the same loop without it) - 1; every{EVERY}: "
+          f"NoiseScaleTracker(every={EVERY}) / NoiseScaleCallback(every={EVERY}); noise: ~ standard error of "
+          "the median ratio; ms: the baseline's CPU ms per step (2 micro-batches). Goal: every < 5%.")
 
 
 if __name__ == "__main__":
