@@ -137,6 +137,9 @@ def test_adapter_mode_table(capsys, user_run):
       "--multipliers", "1,2"], r"the step of the Adam from build \(after load\) raised KeyError: 'betas'"),
     (["mnist/fc_64_64_64", "--dask"], "--dask and --scheduler run the branches of --adapter"),
     (["mnist/fc_64_64_64", "--olmo-core-out", "x.json"], "--olmo-core-out needs --tokens-per-example"),
+    (["--adapter", "tiny_adapter:SGDAdapter", "--checkpoint", "0=PATH0", "--batch-size", "16", "--steps", "0"],
+     "--steps define a WORKLOAD's reference run"),  # a zero is given, not absent
+    (["mnist/fc_64_64_64", "--tokens-per-example", "64"], "--tokens-per-example counts the schedule files"),
     ([], "give a WORKLOAD, or --adapter"),
 ])
 def test_adapter_mode_bad_input_is_one_line_and_exit_2(capsys, user_run, args, message):

@@ -405,3 +405,28 @@ def test_an_explicit_learning_rate_replaces_the_checkpoints(user_run):
     assert point.learning_rate == 0.01 and [b.learning_rate for b in point.branches] == [0.01, 0.02]
     scheduled = measure(module.AdamAdapter(), {4: runs["adam"][4]}, multipliers=[1, 2]).checkpoints[0]
     assert scheduled.learning_rate == pytest.approx(0.0096) and scheduled.reference_loss != point.reference_loss
+
+
+def test_every_branch_reads_the_same_examples_from_a_stream_shuffled_by_the_global_generator(user_run):
+    """An adapter whose batches() shuffles with torch's global generator (a DataLoader(shuffle=True)
+    without its own generator does): the stream is made and its first batch drawn under a seed that does
+    not depend on k, so the branches at k = 1 and k = 2 read the same examples in the same order."""
+    module, runs, _ = user_run
+
+    class GlobalShuffle(module.SGDAdapter):
+        def __init__(self):
+            super().__init__()
+            self.orders = []
+
+        def batches(self, step, batch_size):
+            def stream():
+                order = torch.randperm(module.N)  # drawn at the first next(), from the global generator
+                self.orders.append(order)
+                for s in range(0, module.N, batch_size):
+                    idx = order[s:s + batch_size]
+                    yield self.x[idx], self.y[idx]
+            return stream()
+
+    adapter = GlobalShuffle()
+    measure(adapter, {4: runs["sgd"][4]}, multipliers=[1, 2])
+    assert len(adapter.orders) == 2 and torch.equal(adapter.orders[0], adapter.orders[1])

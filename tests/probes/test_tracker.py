@@ -460,6 +460,30 @@ def test_discard_leaves_the_step_out(grad_at):
     assert sparse.steps == 1 and sparse.calls == 1
 
 
+def test_a_non_finite_step_is_left_out_and_counted():
+    """An overflowed step (an inf in the gradients, as a GradScaler's first steps have) is left out and
+    counted in nonfinite_steps, instead of making every later reading NaN: the tracker goes on exactly
+    as one that never saw it."""
+    model = model_at()
+    tracker = NoiseScaleTracker(model, beta=0.9)
+    g = torch.Generator().manual_seed(18)
+    run_steps(model, [tracker], g, 3)
+    before = tracker.state_dict()
+    x, y = draw(32, g)
+    model.zero_grad(set_to_none=True)
+    for xm, ym in zip(x.chunk(2), y.chunk(2)):
+        (loss_fn(model(xm), ym) * math.inf).backward()
+    tracker.update(model, batch_size=32)
+    assert tracker.nonfinite_steps == 1 and tracker.steps == 3 and math.isfinite(tracker.b_simple)
+    state = tracker.state_dict()
+    assert state.pop("nonfinite_steps") == 1 and state.pop("calls") == 4
+    before.pop("nonfinite_steps"), before.pop("calls")
+    assert state == before  # nothing folded in
+    restored = NoiseScaleTracker(model_at(), beta=0.9)
+    restored.load_state_dict(tracker.state_dict())
+    assert restored.nonfinite_steps == 1
+
+
 @pytest.mark.parametrize("norm_in_hook", [True, False])
 def test_first_gradient_read_from_grad_equals_the_incoming_one(norm_in_hook):
     """Three ways to the same norms: on the CPU (the default) each incoming gradient is normed in its

@@ -385,13 +385,16 @@ def branched_command(
     (whose branches --dask or --scheduler can run on Dask)."""
     if olmo_core_out is not None and tokens_per_example is None:
         raise BatchlabError("--olmo-core-out needs --tokens-per-example L: OLMo-core counts its batch sizes in tokens")
+    if tokens_per_example is not None and schedule_out is None and olmo_core_out is None:
+        raise BatchlabError("--tokens-per-example counts the schedule files in tokens; give it with --schedule-out FILE "
+                            "or --olmo-core-out FILE")
     if adapter is not None or checkpoint:
         if workload is not None:
             raise BatchlabError(f"give either a WORKLOAD ({workload!r}) or --adapter with --checkpoint, not both")
         given = [flag for flag, value in (("--steps-at", steps_at), ("--optimizer", optimizer), ("--hparam", hparam),
                                           ("--examples", examples), ("--probe-batch-size", probe_batch_size),
                                           ("--train-examples", train_examples), ("--steps", steps),
-                                          ("--device", device)) if value]
+                                          ("--device", device)) if value is not None and value != []]
         if noise_repeats:
             given.append("--noise-repeats")
         if given:

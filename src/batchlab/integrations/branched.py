@@ -37,9 +37,11 @@ The ``k = 1`` branch is therefore the user's run continued: it runs the user's o
 user's own batches with the loaded optimizer at the loaded rate (``1.0·lr`` is ``lr`` exactly), so when
 the user's loop does the same (``zero_grad``, ``loss.backward()``, optional ``before_update``,
 ``step``) its parameters after the window are bitwise those of the user's run ``window / B`` updates
-later, on the same device and thread count (tests/integrations/test_checkpoint_branches.py). Random
-numbers drawn while training (dropout) come from torch's generators seeded by ``(seed, t, k)`` inside
-a forked random state (the caller's state is restored).
+later, on the same device and thread count (tests/integrations/test_checkpoint_branches.py). The
+``batches`` stream is made and its first batch drawn under a seed of ``(seed, t)`` alone (a stream
+shuffled by torch's global generator gives every branch the same examples); random numbers drawn
+while training (dropout) come from torch's generators seeded by ``(seed, t, k)``; all inside a forked
+random state (the caller's state is restored).
 
 **Results do not depend on the executor.** Every branch is a function of the adapter, the checkpoint
 file, ``k``, ``f``, ``B``, the window, the learning-rate setting and ``seed`` only: it builds and loads
@@ -67,6 +69,7 @@ an adapter method is reported as ``adapter REF: METHOD raised TYPE: MESSAGE (che
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -299,7 +302,7 @@ def check_checkpoints(checkpoints: Any) -> dict[int, str]:
             raise BatchlabError(f"checkpoint step {step!r} must be an integer >= 0 (updates of the reference run)")
         if not isinstance(path, (str, os.PathLike)):
             raise BatchlabError(f"checkpoint for step {int(step)}: expected a path, got {type(path).__name__}")
-        if not Path(path).exists():
+        if not Path(path).expanduser().exists():
             raise BatchlabError(f"checkpoint for step {int(step)}: {str(path)!r} does not exist")
         out[int(step)] = str(Path(path).expanduser().resolve())
     return dict(sorted(out.items()))
@@ -390,13 +393,28 @@ def _run_branch(adapter: Any, task: _Task) -> tuple[float, float]:
         rates = _base_rates(adapter, name, task, groups, loaded)
         base = rates(t)[0]
         hook = _defined(adapter, "before_update")
-        torch.manual_seed(_branch_seed(task.seed, t, k))
+        # the data stream is made and its first batch drawn under a seed that does not depend on k: a
+        # DataLoader(shuffle=True) without its own generator draws its order from torch's global generator
+        # (at iter() and at the first next()), so every branch of the checkpoint reads the same examples;
+        # only then the branch's own stream (dropout and the like) is seeded by (seed, t, k)
+        torch.manual_seed(_branch_seed(task.seed, t, 0))
         model.train()
         stream = iter(_call(adapter, name, "batches", t, path, t, task.batch_size))
+        try:
+            first = [next(stream)]
+        except StopIteration:
+            first = []
+        except Exception as exc:
+            raise _failure(name, "batches", t, path, exc) from exc
+        stream = itertools.chain(first, stream)
+        torch.manual_seed(_branch_seed(task.seed, t, k))
         taken = 0
         for j in range(task.steps):
             for group, rate in zip(groups, rates(t + j * k)):
-                group["lr"] = task.factor * rate  # factor 1.0: the very float of the reference run
+                if torch.is_tensor(group["lr"]):  # capturable / fused optimizers keep lr as a tensor
+                    group["lr"].fill_(task.factor * rate)
+                else:
+                    group["lr"] = task.factor * rate  # factor 1.0: the very float of the reference run
             optimizer.zero_grad(set_to_none=True)
             for _ in range(k):
                 try:

@@ -101,8 +101,10 @@ holds the same estimate. To leave a step out (a skipped optimizer step, unequal 
 :meth:`discard` instead of :meth:`update`: it drops what was recorded since the last update.
 
 Cost. Per backward pass, a Python call per parameter tensor (the hooks) and the norms of the
-gradients the pass delivered: on the CPU each is taken in its hook, while the gradient is still in
-the cache, and the gradient is not kept; on other devices the hooks keep the gradients and one fused
+gradients the pass delivered: on the CPU, and under DDP or FSDP2 on any device (where keeping them
+would hold a full, under FSDP2 unsharded, gradient copy), each is taken in its hook, while the
+gradient is still in the cache, and the gradient is not kept; in one process on other devices the
+hooks keep the gradients and one fused
 ``torch._foreach_norm`` kernel norms them at the end of the pass, except a tensor's first gradient
 of the step, which in one process without DDP or FSDP2 is read from ``.grad`` at the end of the pass
 instead (``.grad`` was ``None``, so it is exactly that gradient; keeping it would stop autograd from
@@ -153,14 +155,16 @@ def _norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     (sparse gradients)."""
     if not tensors:
         return []
+    if any(t.requires_grad for t in tensors):  # backward(create_graph=True): no graph for the norms
+        tensors = [t.detach() for t in tensors]
     try:
         if any(t.dtype in _LOW_PRECISION for t in tensors):
             # half-precision gradients (AMP, FSDP2's param_dtype): accumulate and return in float32,
             # a bfloat16 norm has 3 significant digits and tr(Sigma) is a difference of two of them
             return list(torch._foreach_norm(tensors, 2, dtype=torch.float32))
         return list(torch._foreach_norm(tensors))
-    except (AttributeError, RuntimeError, TypeError):
-        return [torch.linalg.vector_norm(t.coalesce().values() if t.is_sparse else t) for t in tensors]
+    except (AttributeError, RuntimeError, TypeError, NotImplementedError):
+        return [_norm(t) for t in tensors]
 
 
 def _norm(tensor: torch.Tensor) -> torch.Tensor:
@@ -192,13 +196,14 @@ def _dtensor_type():
     return DTensor
 
 
-def _all_reduce_sum(values: np.ndarray, group=None) -> np.ndarray:
-    """Sum a float64 vector over ``group`` (default: the world), on the device its backend reduces on."""
+def _all_reduce_sum(values: np.ndarray, device: torch.device, group=None) -> np.ndarray:
+    """Sum a float64 vector over ``group`` (default: the world), on the device its backend reduces on:
+    the CPU for gloo, else ``device`` (the parameters' device: this rank's accelerator)."""
     import torch.distributed as dist
 
-    try:  # gloo reduces on the CPU, nccl (and others) on the current accelerator
+    try:
         backend = dist.get_backend(group)
-        device = torch.device("cpu") if backend == "gloo" else torch.accelerator.current_accelerator()
+        device = torch.device("cpu") if backend == "gloo" else device
     except (AttributeError, RuntimeError, ValueError):
         device = torch.device("cpu")
     tensor = torch.as_tensor(values, dtype=torch.float64).to(device)
@@ -236,6 +241,9 @@ class NoiseScaleTracker:
         self.every = every
         self.grad_at = grad_at
         self.calls = 0  # update() calls, measured or not
+        # measured steps whose |G|^2 or tr(Sigma) came out non-finite (an overflowed mixed-precision step):
+        # left out, as the optimizer (a GradScaler) leaves them out, instead of poisoning every later reading
+        self.nonfinite_steps = 0
         self._removed = False
         self.names: list[str] = []
         self._params: list[torch.Tensor] = []
@@ -309,7 +317,10 @@ class NoiseScaleTracker:
         self._all_measured = False
         self._refresh_totals()
         self._read_first = self._may_read_first()
-        self._norm_in_hook = all(t.device.type == "cpu" for t in self._params)
+        # and under DDP or FSDP2 on any device: keeping a pass's gradients to its end would hold a full
+        # (under FSDP2: unsharded) gradient copy alive, the memory data parallelism exists to save
+        self._norm_in_hook = (all(t.device.type == "cpu" for t in self._params) or bool(self._sharded)
+                              or _world_size() > 1)
         # A tensor hook on each parameter sees its incoming gradient before it is added to .grad (and,
         # under DDP, before the all-reduce). The hook only keeps a reference; the norms of all of a
         # backward pass's gradients are taken together, in one fused kernel, by a callback queued on
@@ -563,6 +574,9 @@ class NoiseScaleTracker:
             g2, s = (big_b * big - b * small) / (big_b - b), (small - big) / (1.0 / b - 1.0 / big_b)
         else:
             g2, s = moments_from_norms(small, big, b, big_b)
+        if not (np.all(np.isfinite(g2)) and np.all(np.isfinite(s))):
+            self.nonfinite_steps += 1  # after the step's collectives: a rank leaving it out cannot hang the others
+            return self._b_simple
         self._fold(slice(None) if used is None else used, g2, s)
         self.last = {"step": self.steps, "small_batch_size": b, "batch_size": batch_size,
                      "grad_norm_sq": float(np.sum(g2)), "trace_sigma": float(np.sum(s))}
@@ -585,15 +599,15 @@ class NoiseScaleTracker:
         if sync and len(groups) == 1 and len(groups[0][1]) == 1 and dist.get_world_size(groups[0][1][0]) == _world_size():
             # plain FSDP2 on the whole world: one all-reduce for the small and the big norms together
             index, _ = groups.pop()
-            total = _all_reduce_sum(np.concatenate([small, big_sq[index]]))
+            total = _all_reduce_sum(np.concatenate([small, big_sq[index]]), self._params[0].device)
             small = total[:n] / world_size
             big_sq[index] = total[n:]
         elif sync:
-            small = _all_reduce_sum(small) / world_size
+            small = _all_reduce_sum(small, self._params[0].device) / world_size
         for index, process_groups in groups:
             part = big_sq[index]
             for group in process_groups:
-                part = _all_reduce_sum(part, group)
+                part = _all_reduce_sum(part, self._params[0].device, group)
             big_sq[index] = part
         return small, big_sq
 
@@ -752,6 +766,7 @@ class NoiseScaleTracker:
             "grad_at": self.grad_at,
             "steps": self.steps,
             "calls": self.calls,
+            "nonfinite_steps": self.nonfinite_steps,
             "every": self.every,
             "weight": None if self._weight is None else self._weight.tolist(),
             "names": list(self.names),
@@ -783,6 +798,7 @@ class NoiseScaleTracker:
         self.grad_at = state.get("grad_at", "update")
         self.steps = int(state["steps"])
         self.calls = int(state.get("calls", self.steps))
+        self.nonfinite_steps = int(state.get("nonfinite_steps", 0))
         self.every = int(state.get("every", 1))
         weight = state["weight"]
         if weight is None or isinstance(weight, (int, float)):  # a tracker of one common weight
