@@ -430,3 +430,19 @@ def test_every_branch_reads_the_same_examples_from_a_stream_shuffled_by_the_glob
     adapter = GlobalShuffle()
     measure(adapter, {4: runs["sgd"][4]}, multipliers=[1, 2])
     assert len(adapter.orders) == 2 and torch.equal(adapter.orders[0], adapter.orders[1])
+
+
+def test_a_subclass_of_the_base_class_lacking_required_methods_is_refused_naming_them():
+    """CheckpointAdapter defines no required method: a subclass that leaves them out is refused, one
+    line naming what it lacks, before anything runs."""
+
+    class OnlyBuild(ib.CheckpointAdapter):
+        def build(self):
+            return None, None
+
+    with pytest.raises(BatchlabError) as exc:
+        resolve_adapter(OnlyBuild())
+    message = str(exc.value)
+    assert "\n" not in message
+    assert all(name in message for name in ("load", "batches", "loss", "probe_loss or probe_batches"))
+    assert "lacks load, batches, loss, probe_loss or probe_batches;" in message  # build is defined

@@ -144,25 +144,11 @@ class CheckpointAdapter:
     * :meth:`loss` ``(model, batch)``: the scalar training loss of one batch (a differentiable 0-d
       tensor, the mean over the batch's examples), with the model in train mode.
 
-    Optional (defaults here): :meth:`probe_loss`, :meth:`probe_batches`, :meth:`learning_rates`,
-    :meth:`before_update`.
+    Optional: :meth:`probe_loss` (the default here: :func:`default_probe_loss`, the mean loss over
+    ``probe_batches()``, which the adapter then defines: the fixed probe batches, the same on every
+    call), :meth:`learning_rates`, :meth:`before_update`. The base class defines no required method:
+    an adapter lacking one is refused, naming it, before anything runs (:func:`resolve_adapter`).
     """
-
-    def build(self) -> tuple[Any, Any]:
-        raise NotImplementedError("an adapter defines build() -> (model, optimizer)")
-
-    def load(self, path: str, model: Any, optimizer: Any) -> None:
-        raise NotImplementedError("an adapter defines load(path, model, optimizer)")
-
-    def batches(self, step: int, batch_size: int) -> Iterable[Any]:
-        raise NotImplementedError("an adapter defines batches(step, batch_size)")
-
-    def loss(self, model: Any, batch: Any) -> Any:
-        raise NotImplementedError("an adapter defines loss(model, batch)")
-
-    def probe_batches(self) -> Iterable[Any]:
-        """The fixed probe batches (the same on every call) whose mean loss is the probe loss."""
-        raise NotImplementedError("an adapter defines probe_batches() or probe_loss(model)")
 
     def probe_loss(self, model: Any) -> float:
         """The probe loss of ``model`` after a branch: by default :func:`default_probe_loss`."""
@@ -171,7 +157,7 @@ class CheckpointAdapter:
 
 def _defined(adapter: Any, name: str) -> bool:
     """Whether ``adapter`` has its own method ``name`` (one inherited from :class:`CheckpointAdapter` does
-    not count: the required ones and ``probe_batches`` only raise there, ``probe_loss`` is the default)."""
+    not count: ``probe_loss`` there is the default, which needs ``probe_batches``)."""
     if not callable(getattr(adapter, name, None)):
         return False
     return not (isinstance(adapter, CheckpointAdapter)
