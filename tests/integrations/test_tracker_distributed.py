@@ -121,9 +121,9 @@ def single_process(micro_batches: int, clip: str | None = None) -> dict:
     return train(model, tracker, rank=0, world=1, micro=micro_batches, clip=clip)
 
 
-def _ddp_case(rank, micro, grad_at="update", clip=None):
+def _ddp_case(rank, micro, grad_at="update", clip=None, group=None):
     model = nn.parallel.DistributedDataParallel(mlp())
-    tracker = NoiseScaleTracker(model, beta=0.9, grad_at=grad_at)
+    tracker = NoiseScaleTracker(model, beta=0.9, grad_at=grad_at, process_group=group)
     return train(model, tracker, rank=rank, world=WORLD, micro=micro, clip=clip, no_sync=model.no_sync)
 
 
@@ -166,16 +166,35 @@ def _linear_case(rank):
     return {"reading": tracker.reading(LINEAR_LEVEL), "small_batch_size": tracker.last["small_batch_size"]}
 
 
-def _errors():
+def _raised(action) -> str | None:
+    try:
+        action()
+    except BatchlabError as exc:
+        return str(exc)
+    return None
+
+
+def _errors(rank):
+    """One-line refusals, and a rank with nothing to measure: it takes part in the step's all-reduce
+    and both ranks raise (instead of the other waiting in it), then both go on in step."""
     from torch.distributed.fsdp import fully_shard
 
+    out = {}
     model = mlp()
     fully_shard(model)
-    try:
-        NoiseScaleTracker(list(model.parameters()))
-    except BatchlabError as exc:
-        return {"sharded_parameters_without_module": str(exc)}
-    return {"sharded_parameters_without_module": None}
+    out["sharded_parameters_without_module"] = _raised(lambda: NoiseScaleTracker(list(model.parameters())))
+    ddp = nn.parallel.DistributedDataParallel(mlp())
+    tracker = NoiseScaleTracker(ddp, beta=None)
+    x, y = batch(0)
+    if rank == 0:  # rank 1 back-propagates nothing (DDP's own all-reduce is not entered either)
+        with ddp.no_sync():
+            loss_fn(ddp(x.chunk(WORLD)[rank]), y.chunk(WORLD)[rank]).backward()
+    out["rank_without_gradients"] = _raised(lambda: tracker.update(ddp, batch_size=GLOBAL))
+    ddp.zero_grad(set_to_none=True)
+    loss_fn(ddp(x.chunk(WORLD)[rank]), y.chunk(WORLD)[rank]).backward()
+    tracker.update(ddp, batch_size=GLOBAL)
+    out["steps_after"] = tracker.steps
+    return out
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
@@ -184,6 +203,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     try:
         results = {
             "ddp": _ddp_case(rank, micro=1),
+            "ddp_world_group": _ddp_case(rank, micro=1, group=dist.new_group([0, 1])),
             "ddp_accumulate": _ddp_case(rank, micro=2),
             "ddp_clip_backward": _ddp_case(rank, micro=2, grad_at="backward", clip="before"),
             "ddp_clip_update": _ddp_case(rank, micro=1, clip="before"),
@@ -193,7 +213,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             "hsdp_replicate2": _sharded_case(rank, micro=1, mesh_shape=(2, 1)),
             "hsdp_shard2": _sharded_case(rank, micro=1, mesh_shape=(1, 2)),
             "linear": _linear_case(rank),
-            "errors": _errors(),
+            "errors": _errors(rank),
         }
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
     finally:
@@ -348,3 +368,18 @@ def test_bad_input_is_one_line():
 def test_sharded_parameters_need_the_module(ranks):
     message = ranks[0]["errors"]["sharded_parameters_without_module"]
     assert message is not None and "fully_shard module" in message and "\n" not in message
+
+
+def test_a_rank_with_nothing_to_measure_fails_every_rank_without_a_hang(ranks):
+    """The rank without gradients raises its own reason, the other one that a worker had nothing to
+    measure (both after the step's all-reduce, which carries the count); the next step is measured on
+    both (the collectives stayed in step)."""
+    assert "no gradients since the last update" in ranks[1]["errors"]["rank_without_gradients"]
+    assert "1 other worker(s) had nothing to measure" in ranks[0]["errors"]["rank_without_gradients"]
+    assert [r["errors"]["steps_after"] for r in ranks] == [1, 1]
+
+
+def test_an_explicit_process_group_of_the_world_is_the_default(ranks):
+    """process_group= (here the world, as an explicit group) is where sync all-reduces: the same numbers."""
+    for rank in ranks:
+        assert rank["ddp_world_group"] == rank["ddp"]

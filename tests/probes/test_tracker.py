@@ -19,7 +19,8 @@ from torch import nn
 
 from batchlab.errors import BatchlabError
 from batchlab.probes.noise_scale import moments_from_norms, ratio_interval
-from batchlab.probes.tracker import NoiseScaleTracker, fieller_weighted
+from batchlab.probes.noise_scale import fieller_weighted
+from batchlab.probes.tracker import NoiseScaleTracker
 
 C = np.array([2.0, 1.0, 0.6, 0.3])
 A = np.array([0.5, -0.4, 0.3, 0.5])
@@ -80,7 +81,8 @@ def test_each_step_is_the_two_batch_arithmetic_and_the_ema_is_bias_corrected():
     tracker = NoiseScaleTracker(model, beta=0.9)
     x, y = draw(24, torch.Generator().manual_seed(1))
     accumulate(model, x, y, 3)
-    b_simple = tracker.update(model, batch_size=24)
+    assert tracker.update(model, batch_size=24) is None  # update records; readings fold
+    b_simple = tracker.b_simple
     parts = []
     for xm, ym in zip(x.chunk(3), y.chunk(3)):
         model.zero_grad()
@@ -100,7 +102,9 @@ def run_steps(model, trackers, generator, steps):
     for _ in range(steps):
         x, y = draw(32, generator)
         accumulate(model, x, y, 2)
-        out.append([t.update(model, batch_size=32) for t in trackers])
+        for t in trackers:
+            t.update(model, batch_size=32)
+        out.append([t.b_simple for t in trackers])
     return out
 
 
@@ -185,11 +189,12 @@ def test_data_parallel_sync_averages_the_local_norms(monkeypatch):
     from batchlab.probes import tracker as tracker_module
 
     n = 4
-    monkeypatch.setattr(tracker_module, "_world_size", lambda: n)
+    monkeypatch.setattr(tracker_module, "_world_size", lambda group=None: n)
     pooled = {}
 
     def fake_all_reduce(tensor, *args, **kwargs):  # SUM over workers of the local squared norms
-        tensor.copy_(torch.full_like(tensor, pooled["sum"]))
+        tensor[:-1] = pooled["sum"]  # the last entry: the count of workers with nothing to measure
+        tensor[-1] = 0.0
 
     monkeypatch.setattr(dist, "all_reduce", fake_all_reduce)
     trackers, _ = simulate_data_parallel(n, 64, steps=3, seed=5,
@@ -533,3 +538,69 @@ def test_a_pass_that_does_not_accumulate(norm_in_hook):
     accumulate(model, x, y, 2)
     tracker.update(model, batch_size=32)
     assert tracker.steps == 1 and tracker.last["small_batch_size"] == (32 / 3 if norm_in_hook else 16)
+
+
+# -- folding in chunks, passes that miss a tensor ------------------------------------------------------
+
+
+def test_readings_and_checkpoints_do_not_change_a_bit():
+    """Steps are folded in chunks of FOLD_EVERY; reading (or saving) in between folds a copy. A tracker
+    read and saved at every step, one never read, and one restored mid-chunk from a JSON state all
+    end with the same state (the same path: bitwise), across two chunk boundaries."""
+    from batchlab.probes.tracker import FOLD_EVERY
+
+    model = model_at()
+    quiet, busy = NoiseScaleTracker(model, beta=0.95), NoiseScaleTracker(model, beta=0.95)
+    g = torch.Generator().manual_seed(24)
+    restored = None
+    for step in range(2 * FOLD_EVERY + 10):
+        x, y = draw(32, g)
+        accumulate(model, x, y, 2)
+        for t in (quiet, busy) + (() if restored is None else (restored,)):
+            t.update(model, batch_size=32)
+        busy.reading(), busy.per_layer, busy.state_dict()
+        if step == FOLD_EVERY + 5:  # mid-chunk: the state carries the recorded steps
+            state = json.loads(json.dumps(quiet.state_dict()))
+            assert len(state["recorded"]["norms"]) == 6 and state["steps"] == FOLD_EVERY + 6
+            restored = NoiseScaleTracker(model, beta=0.95)
+            restored.load_state_dict(state)
+    assert quiet.state_dict() == busy.state_dict() == restored.state_dict()
+    assert quiet.reading() == busy.reading() == restored.reading() and quiet.steps == 2 * FOLD_EVERY + 10
+
+
+def test_a_pass_that_does_not_reach_a_tensor_delivered_it_zero():
+    """A branch skipped in one micro-batch of four (a mixture-of-experts route): the tensor has a .grad
+    at the update, so it is measured, with a zero gradient for the pass that did not reach it."""
+    first, second = model_at(), model_at(W_STAR - A)
+    both = nn.ModuleDict({"a": first, "b": second})
+    tracker = NoiseScaleTracker(both, beta=None)
+    x, y = draw(64, torch.Generator().manual_seed(25))
+    both.zero_grad(set_to_none=True)
+    parts = []
+    for m, (xm, ym) in enumerate(zip(x.chunk(4), y.chunk(4))):
+        before = None if second[0].weight.grad is None else second[0].weight.grad.clone()
+        loss = loss_fn(first(xm), ym) + (loss_fn(second(xm), ym) if m != 2 else 0.0)
+        (loss / 4).backward()
+        after = second[0].weight.grad
+        parts.append(after.clone() if before is None else after - before)
+    tracker.update(both, batch_size=64, grad_scale=1 / 4)
+    assert float(parts[2].abs().max()) == 0.0
+    small = float(np.mean([float(p.square().sum()) for p in parts])) * 16  # x 1 / grad_scale^2
+    big = float(second[0].weight.grad.square().sum())
+    grad_norm_sq, trace_sigma = moments_from_norms(small, big, 16, 64)
+    layer = tracker.per_layer["b.0"]
+    assert layer["grad_norm_sq"] == pytest.approx(grad_norm_sq, rel=1e-12)
+    assert layer["trace_sigma"] == pytest.approx(trace_sigma, rel=1e-12)
+
+
+def test_state_version_2_loads_with_nothing_recorded():
+    model = model_at()
+    tracker = NoiseScaleTracker(model, beta=0.9)
+    g = torch.Generator().manual_seed(26)
+    run_steps(model, [tracker], g, 70)  # 64 folded, 6 recorded
+    tracker._commit()  # a version 2 tracker had folded every step
+    state = tracker.state_dict()
+    assert state.pop("recorded") is None
+    restored = NoiseScaleTracker(model, beta=0.9)
+    restored.load_state_dict({**state, "version": 2})
+    assert restored.reading() == tracker.reading() and restored.steps == 70

@@ -28,7 +28,12 @@ gradients are h_m and the big one is ``.grad / k``; then, per parameter tensor,
 (:func:`batchlab.probes.noise_scale.moments_from_norms`), unbiased at each step. Numerator and
 denominator are averaged over steps *separately* (an exponential moving average with decay
 ``beta``, bias-corrected, or with ``beta=None`` the plain mean of all steps) and divided only when
-read: ``b_simple = trace_sigma / grad_norm_sq``. Scaling the loss by a constant c (dividing each
+read: ``b_simple = trace_sigma / grad_norm_sq``. Steps are folded into the running sums in chunks
+(:mod:`batchlab.probes.running_moments`): :meth:`update` only records the step's norms, every
+``FOLD_EVERY`` measured steps (and at a change of the step's shape) they are folded at once, and a
+reading folds a copy of the steps since then without committing it, so when and how often the
+loop reads (or saves a checkpoint, which holds the unfolded steps too) does not change a bit of
+any later value. Scaling the loss by a constant c (dividing each
 micro-batch loss by k, a GradScaler's scale) scales both by c^2 and leaves B_simple unchanged; pass
 ``grad_scale=c`` to :meth:`update` to get |G|^2 and tr(Sigma) of the unscaled mean loss.
 
@@ -50,14 +55,11 @@ of the weighted means of the drifting per-step values, and their drift adds to t
 a finite upper end (|G|^2 not significantly above 0) the estimate is only a lower bound: the reading
 is not ``resolved``.
 
-**FSDP2.** Autograd does not deliver gradients to the sharded parameters: it delivers them to the
-unsharded parameters that FSDP2 all-gathers and swaps onto the modules (``module._parameters``) for
-the forward and backward passes, and then reduce-scatters their ``.grad`` into the sharded
-``.grad``. The tracker therefore puts a forward pre-hook on each module owning a sharded parameter
-(after FSDP2's own, which all-gathers) that moves the parameter's tensor hook onto whatever tensor
-the module holds in that slot during the forward pass (FSDP2 keeps that unsharded parameter object
-from the first all-gather on, so this happens once). Tensor parallelism (a ``DTensor`` parameter
-that no forward pass swaps) is not supported.
+**FSDP2.** Autograd delivers gradients to the unsharded parameters FSDP2 swaps onto the modules
+for the forward and backward passes, not to the sharded ones: the tracker moves each sharded
+parameter's tensor hook onto the unsharded one it sees in a forward pre-hook
+(:mod:`batchlab.probes.sharded_parameters`). Tensor parallelism (a ``DTensor`` parameter that no
+forward pass swaps) is not supported.
 
 **Where the big gradient is read.** ``grad_at="update"``: ``.grad`` when :meth:`update` is called,
 which must come before anything rewrites ``.grad`` (clipping, an unscale). ``grad_at="backward"``:
@@ -93,50 +95,60 @@ examples)::
 Contract: call :meth:`update` once per optimizer step, after the last ``backward()`` and (with
 ``grad_at="update"``) before anything rewrites ``.grad``; every backward pass in between counts as
 one micro-batch (a gradient penalty's extra backward would too); micro-batches are assumed equal in
-size; parameters that received no gradient in the step are left out of that step (each parameter
-tensor keeps its own EMA weight or count, so its running values average the steps it had a gradient
-in). Under DDP and FSDP2 every rank calls :meth:`update` at the same steps (it may all-reduce);
-the optional ``sync`` all-reduces the small norms (one number per parameter tensor) so every rank
-holds the same estimate. To leave a step out (a skipped optimizer step, unequal micro-batches), call
+size. A parameter tensor without a ``.grad`` at the step (``None``: no backward pass reached it) is
+left out of that step: each tensor keeps its own EMA weight or count, so its running values average
+the steps it had a gradient in. One with a ``.grad`` is measured, and a backward pass of the step
+that did not reach it (a mixture-of-experts route, LayerDrop) delivered it a zero gradient, which is
+counted as such (``zero_grad(set_to_none=False)`` so makes an unused tensor a measured zero). Under DDP and FSDP2 every rank calls :meth:`update` at the same steps (it may all-reduce; a rank
+that has nothing to measure still takes part, and then every rank raises, instead of leaving the
+others waiting in the collective); the optional ``sync`` all-reduces the small norms (one number
+per parameter tensor) over ``process_group`` (default: the world; give the data-parallel group
+under pipeline or tensor parallelism) so every rank holds the same estimate. To leave a step out (a skipped optimizer step, unequal micro-batches), call
 :meth:`discard` instead of :meth:`update`: it drops what was recorded since the last update.
 
 Cost. Per backward pass, a Python call per parameter tensor (the hooks) and the norms of the
 gradients the pass delivered: on the CPU, and under DDP or FSDP2 on any device (where keeping them
 would hold a full, under FSDP2 unsharded, gradient copy), each is taken in its hook, while the
 gradient is still in the cache, and the gradient is not kept; in one process on other devices the
-hooks keep the gradients and one fused
-``torch._foreach_norm`` kernel norms them at the end of the pass, except a tensor's first gradient
-of the step, which in one process without DDP or FSDP2 is read from ``.grad`` at the end of the pass
-instead (``.grad`` was ``None``, so it is exactly that gradient; keeping it would stop autograd from
-moving it into ``.grad`` without a copy). A pass that does not accumulate into ``.grad``
-(``torch.autograd.grad``) is counted like any other on the CPU and, on other devices, not counted
-when it comes before the step's first ``backward()`` (there is no ``.grad`` to read); keep it out
-of the steps. Per update: one fused norm of ``.grad`` (``grad_at="backward"``: one per backward
-pass), a few dozen small host-side operations and one device-to-host copy. On small models, where
-that is a visible share of a step, ``every=N`` measures one step in N and costs nothing on the
-others (``benchmarks/probe_cost.py``; docs/methods.md, "NoiseScaleTracker", **Overhead**).
+hooks keep the gradients and one fused ``torch._foreach_norm`` kernel norms them at the end of the
+pass, except a tensor's first gradient of the step, which in one process without DDP or FSDP2 is
+read from ``.grad`` at the end of the pass instead (``.grad`` was ``None``, so it is exactly that
+gradient; keeping it would stop autograd from moving it into ``.grad`` without a copy). A pass that
+does not accumulate into ``.grad`` (``torch.autograd.grad``) is counted like any other on the CPU
+and, on other devices, not counted when it comes before the step's first ``backward()`` (there is
+no ``.grad`` to read); keep it out of the steps. Per update: one fused norm of ``.grad``
+(``grad_at="backward"``: one per backward pass) and, without collectives, no host-side arithmetic:
+the step's norms are kept (on an accelerator, as one tensor, so there is no device-to-host copy
+either) until the next fold, whose arithmetic is vectorized over its steps. Under ``sync`` or
+FSDP2 each measured step all-reduces and is folded at once. On small models, where the remaining
+per-step cost is a visible share of a step, ``every=N`` measures one step in N and costs nothing
+on the others (``benchmarks/probe_cost.py``; docs/methods.md, "NoiseScaleTracker", **Overhead**).
 """
 
 from __future__ import annotations
 
 import math
-
 import numpy as np
 import torch
 from torch import nn
 
 from batchlab.errors import BatchlabError
-from batchlab.probes.noise_scale import (
-    INTERVAL_METHOD,
-    Interval,
-    fieller_weighted,
-    moments_from_norms,
-    per_layer_table,
-    ratio,
+from batchlab.probes.noise_scale import INTERVAL_METHOD, Interval, moments_from_norms, per_layer_table, ratio
+from batchlab.probes.recorded_steps import (
+    RecordedSteps,
+    RunningState,
+    device_row,
+    folded,
+    host_matrix,
+    host_row,
+    running_state,
 )
+from batchlab.probes.running_moments import RatioMoments, TensorSums
+from batchlab.probes.sharded_parameters import ShardedParameters, sharded_indices
 
-STATE_VERSION = 2
+STATE_VERSION = 3
 GRAD_AT = ("update", "backward")
+FOLD_EVERY = 64  # measured steps recorded before they are folded into the running sums at once
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
@@ -178,24 +190,6 @@ def _norm(tensor: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(tensor)
 
 
-def _to_numpy(tensors: list[torch.Tensor]) -> np.ndarray:
-    """One device-to-host copy for many 0-d tensors, as float64."""
-    if not tensors:
-        return np.zeros(0)
-    try:
-        return np.array(torch.stack(tensors).tolist(), dtype=float)
-    except RuntimeError:  # mixed dtypes or devices
-        return np.array([float(t) for t in tensors])
-
-
-def _dtensor_type():
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # a torch without torch.distributed
-        return None
-    return DTensor
-
-
 def _all_reduce_sum(values: np.ndarray, device: torch.device, group=None) -> np.ndarray:
     """Sum a float64 vector over ``group`` (default: the world), on the device its backend reduces on:
     the CPU for gloo, else ``device`` (the parameters' device: this rank's accelerator)."""
@@ -219,17 +213,17 @@ class NoiseScaleTracker:
     registered on its trainable parameters at construction (``None``: at the first :meth:`update`,
     which then has no small gradients and only registers). ``beta``: the EMA decay per step (``None``:
     the plain mean over all steps). ``sync``: under an initialized ``torch.distributed`` with more than
-    one worker, average the small norms over workers. ``every``: measure one step in ``every`` (the
-    update calls 0, every, 2 every, ...; the hooks are off in between, so unmeasured steps cost
-    nothing but the call); ``beta`` then applies per measured step. ``grad_at``: where the big
-    gradient (``.grad``) is read, ``"update"`` (at :meth:`update`) or ``"backward"`` (at the end of
-    the last backward pass before it, before clipping can rewrite ``.grad``). ``steps`` counts
-    measured steps, ``calls`` all update calls. See the module docstring for the arithmetic, the
-    interval and the calling contract.
+    one worker, average the small norms over the workers of ``process_group`` (default: the world).
+    ``every``: measure one step in ``every`` (the update calls 0, every, 2 every, ...; the hooks are
+    off in between, so unmeasured steps cost nothing but the call); ``beta`` then applies per
+    measured step. ``grad_at``: where the big gradient (``.grad``) is read, ``"update"`` (at
+    :meth:`update`) or ``"backward"`` (at the end of the last backward pass before it, before
+    clipping can rewrite ``.grad``). ``steps`` counts measured steps, ``calls`` all update calls. See
+    the module docstring for the arithmetic, the interval and the calling contract.
     """
 
     def __init__(self, model_or_params=None, *, beta: float | None = 0.99, sync: bool = True, every: int = 1,
-                 grad_at: str = "update"):
+                 grad_at: str = "update", process_group=None):
         if beta is not None and not 0.0 <= beta < 1.0:
             raise BatchlabError(f"beta must be in [0, 1) or None (the plain mean), got {beta}")
         if not (isinstance(every, int) and every >= 1):
@@ -240,42 +234,30 @@ class NoiseScaleTracker:
         self.sync = sync
         self.every = every
         self.grad_at = grad_at
+        self.process_group = process_group
         self.calls = 0  # update() calls, measured or not
-        # measured steps whose |G|^2 or tr(Sigma) came out non-finite (an overflowed mixed-precision step):
-        # left out, as the optimizer (a GradScaler) leaves them out, instead of poisoning every later reading
-        self.nonfinite_steps = 0
         self._removed = False
         self.names: list[str] = []
         self._params: list[torch.Tensor] = []
         self._targets: list[torch.Tensor] = []  # per parameter: the tensor autograd delivers its gradient to
         self._handles: dict[int, object] = {}
-        self._slot_handles: list = []  # FSDP2: forward pre-hooks that find the unsharded parameters
-        self._sharded: list[int] = []  # indices of sharded (DTensor) parameters
-        self._shard_groups: list[tuple[np.ndarray, list]] = []  # (indices, process groups to sum over)
+        self._sharded: ShardedParameters | None = None  # FSDP2
         self._pending: list[tuple[list[int], list[torch.Tensor]]] = []  # per backward: (indices, norms)
         self._seen: list[tuple[int, torch.Tensor]] = []  # the backward pass in progress
         self._big: tuple[list[int], list[torch.Tensor]] | None = None  # grad_at="backward": the last pass's read
         self._queued = False
         self._source = None
-        self._b_simple = math.nan  # as of the last measured step
-        self.steps = 0
-        self._g2: np.ndarray | None = None  # per parameter tensor: running |G|^2 (not bias-corrected)
-        self._s: np.ndarray | None = None  # per parameter tensor: running tr(Sigma)
-        # per parameter tensor, over the steps that measured it (a tensor without a gradient in a step
-        # is left out of that step): EMA 1 - beta^n, plain mean n
-        self._weight: np.ndarray | None = None
-        # the interval's weighted moments of the per-step totals (tr Sigma_t, |G|^2_t): sum of weights,
-        # sum of squared weights, weighted means and the weighted sums of squared deviations (2 x 2)
-        # (Python floats: a few scalar operations per step, cheaper than numpy's per-call cost)
-        self._iw = 0.0
-        self._iw2 = 0.0
-        self._imean = [0.0, 0.0]
-        self._im2 = [[0.0, 0.0], [0.0, 0.0]]
-        self.last: dict | None = None
-        # the running (trace_sigma, grad_norm_sq), recomputed when the sums change; every tensor measured
-        # at least once (then the weights stay > 0 and the correction needs no mask)
-        self._totals = (math.nan, math.nan)
-        self._all_measured = False
+        # the committed running state (folded steps) and the measured steps recorded since
+        self._sums: TensorSums | None = None
+        self._moments = RatioMoments()
+        self._steps = 0
+        # measured steps whose |G|^2 or tr(Sigma) came out non-finite (an overflowed mixed-precision step):
+        # left out, as the optimizer (a GradScaler) leaves them out, instead of poisoning every later reading
+        self._nonfinite = 0
+        self._last: dict | None = None
+        self._recorded: RecordedSteps | None = None
+        self._folded: RunningState | None = None  # the reading state, until the next change
+        self._host = True  # the parameters are on the CPU: norms leave torch as Python floats at once
         # read a tensor's first gradient of a step from .grad at the end of its backward pass instead of
         # keeping the incoming tensor (which would stop autograd from moving it into .grad without a
         # copy): only where nothing else rewrites .grad during the pass (one process, no DDP, no FSDP2,
@@ -295,8 +277,9 @@ class NoiseScaleTracker:
         if not named:
             raise BatchlabError("NoiseScaleTracker: the model has no trainable parameters (requires_grad=True) to track")
         names = [n for n, _ in named]
-        if self._g2 is not None and len(self._g2) != len(names):
-            raise BatchlabError(f"NoiseScaleTracker state has {len(self._g2)} parameter tensors, the model {len(names)}")
+        if self._sums is not None and len(self._sums.weight) != len(names):
+            raise BatchlabError(f"NoiseScaleTracker state has {len(self._sums.weight)} parameter tensors, "
+                                f"the model {len(names)}")
         self.names = names
         self._source = model_or_params
         self._params = [p for _, p in named]
@@ -306,66 +289,30 @@ class NoiseScaleTracker:
         self._seen = []
         self._big = None
         self._queued = False
-        if self._g2 is None:
-            self._g2, self._s = np.zeros(len(named)), np.zeros(len(named))
-        if self._weight is None:
-            self._weight = np.zeros(len(named))
-        dtensor = _dtensor_type()
-        self._sharded = [i for i, p in enumerate(self._params) if dtensor is not None and isinstance(p, dtensor)]
-        if self._sharded:
-            self._watch_sharded(model_or_params)
-        self._all_measured = False
-        self._refresh_totals()
+        if self._sums is None:
+            self._sums = TensorSums.empty(len(named))
+        self._folded = None
+        indices = sharded_indices(self._params)
+        if indices:
+            self._sharded = ShardedParameters(model_or_params, self._params, self.names, indices, self._retarget)
+        self._host = all(t.device.type == "cpu" for t in self._params)
         self._read_first = self._may_read_first()
         # and under DDP or FSDP2 on any device: keeping a pass's gradients to its end would hold a full
         # (under FSDP2: unsharded) gradient copy alive, the memory data parallelism exists to save
-        self._norm_in_hook = (all(t.device.type == "cpu" for t in self._params) or bool(self._sharded)
-                              or _world_size() > 1)
+        self._norm_in_hook = self._host or bool(indices) or _world_size(self.process_group) > 1
         # A tensor hook on each parameter sees its incoming gradient before it is added to .grad (and,
-        # under DDP, before the all-reduce). The hook only keeps a reference; the norms of all of a
-        # backward pass's gradients are taken together, in one fused kernel, by a callback queued on
-        # the autograd engine for the end of that pass (what DDP itself uses to finalize a backward):
-        # measured, this costs ~1/20 of a norm per hook (torch.autograd.graph.register_multi_grad_hook,
-        # the public alternative, costs a third of a small model's backward pass).
+        # under DDP, before the all-reduce). Where it does not norm it (above), the hook only keeps a
+        # reference; the norms of all of a backward pass's gradients are taken together, in one fused
+        # kernel, by a callback queued on the autograd engine for the end of that pass (what DDP itself
+        # uses to finalize a backward): measured, this costs ~1/20 of a norm per hook
+        # (torch.autograd.graph.register_multi_grad_hook, the public alternative, costs a third of a
+        # small model's backward pass).
         self._sync_hooks()
 
-    def _watch_sharded(self, model) -> None:
-        """FSDP2: the reduction groups of each sharded ``.grad`` and the hooks that find the unsharded
-        parameters (module docstring)."""
-        if not isinstance(model, nn.Module):
-            raise BatchlabError("NoiseScaleTracker: sharded (DTensor) parameters need the fully_shard module itself, "
-                                "not an iterable of its parameters")
-        groups: dict[tuple, list[int]] = {}
-        meshes = {}
-        for i in self._sharded:
-            p = self._params[i]
-            if any(placement.is_partial() for placement in p.placements):
-                raise BatchlabError(f"NoiseScaleTracker: parameter {self.names[i]!r} has a partial placement; "
-                                    "allowed: sharded (Shard) or replicated (Replicate) mesh dimensions")
-            dims = tuple(d for d, placement in enumerate(p.placements) if placement.is_shard())
-            key = (id(p.device_mesh), dims)
-            meshes[key] = p.device_mesh
-            groups.setdefault(key, []).append(i)
-        self._shard_groups = [(np.array(index), [meshes[key].get_group(d) for d in key[1]])
-                              for key, index in groups.items() if key[1]]
-        index_of = {id(self._params[i]): i for i in self._sharded}
-        for module in model.modules():
-            owned = [(index_of[id(t)], name) for name, t in module._parameters.items()
-                     if t is not None and id(t) in index_of]
-            if owned:
-                self._slot_handles.append(module.register_forward_pre_hook(self._slot_hook(owned)))
-
-    def _slot_hook(self, owned: list[tuple[int, str]]):
-        def hook(module, args) -> None:
-            slots = module._parameters
-            for i, name in owned:
-                t = slots.get(name)
-                if t is not None and t is not self._targets[i] and t is not self._params[i]:
-                    self._retarget(i, t)
-
-        return hook
-
     def _retarget(self, i: int, tensor: torch.Tensor) -> None:
+        """FSDP2: parameter ``i``'s gradient is delivered to ``tensor`` (its unsharded parameter)."""
+        if tensor is self._targets[i]:
+            return
         self._targets[i] = tensor
         handle = self._handles.pop(i, None)
         if handle is not None:
@@ -394,7 +341,7 @@ class NoiseScaleTracker:
         """Whether a tensor's first gradient of a step may be read from ``.grad`` at the end of its pass
         (``.grad`` is then exactly that gradient): one process, no DDP wrapper, no sharded parameter,
         no post-accumulate-grad hook (which may consume ``.grad`` during the pass)."""
-        if self._sharded or _world_size() > 1:
+        if self._sharded is not None or _world_size(self.process_group) > 1:
             return False
         if type(self._source).__name__ in ("DistributedDataParallel", "FullyShardedDataParallel"):
             return False
@@ -402,6 +349,9 @@ class NoiseScaleTracker:
 
     def _hook(self, i: int):
         target = self._targets[i]
+        # a dense gradient of full precision is normed directly (the hook runs per tensor and pass)
+        plain = target.layout == torch.strided and target.dtype not in _LOW_PRECISION
+        vector_norm = torch.linalg.vector_norm
 
         def hook(grad: torch.Tensor) -> None:
             if not self._queued:
@@ -411,7 +361,10 @@ class NoiseScaleTracker:
                 except (AttributeError, RuntimeError):  # no engine callback: measure at update()
                     self._read_first = False
             if self._norm_in_hook:
-                self._seen.append((i, _norm(grad)))
+                if plain and not grad.requires_grad and grad.layout == torch.strided:
+                    self._seen.append((i, vector_norm(grad)))
+                else:
+                    self._seen.append((i, _norm(grad)))
             elif self._read_first and target.grad is None:
                 # the step's first gradient of this tensor: .grad is exactly it at the end of the pass
                 self._seen.append((i, None))
@@ -421,9 +374,9 @@ class NoiseScaleTracker:
         return hook
 
     def _flush(self) -> None:
-        """End of a backward pass: the squared norms of the gradients it delivered (a tensor's first
-        of the step read from its ``.grad``, see ``_read_first``); with ``grad_at="backward"`` it queues
-        the read of ``.grad`` behind the callbacks already queued (DDP's and FSDP2's reductions)."""
+        """End of a backward pass: the norms of the gradients it delivered (a tensor's first of the
+        step read from its ``.grad``, see ``_read_first``); with ``grad_at="backward"`` it queues the
+        read of ``.grad`` behind the callbacks already queued (DDP's and FSDP2's reductions)."""
         seen, self._seen, self._queued = self._seen, [], False
         if seen and self._norm_in_hook:
             self._pending.append(([i for i, _ in seen], [n for _, n in seen]))
@@ -448,9 +401,12 @@ class NoiseScaleTracker:
         """Indices of the parameters with a ``.grad`` and the norms of their local ``.grad`` (a
         sharded one's local shard)."""
         grads = [p.grad for p in self._params]
-        for i in self._sharded:
-            if grads[i] is not None:
-                grads[i] = grads[i].to_local()
+        if self._sharded is not None:
+            for i in self._sharded.indices:
+                if grads[i] is not None:
+                    grads[i] = grads[i].to_local()
+        if all(g is not None for g in grads):
+            return self._natural, _norms(grads)
         index = [i for i, g in enumerate(grads) if g is not None]
         return index, _norms([grads[i] for i in index])
 
@@ -464,22 +420,22 @@ class NoiseScaleTracker:
     def remove(self) -> None:
         """Remove the hooks for good (the estimates stay readable)."""
         self._removed = True
-        for handle in self._slot_handles:
-            handle.remove()
-        self._slot_handles = []
+        if self._sharded is not None:
+            self._sharded.remove()
         self._sync_hooks()
 
     # -- the step -----------------------------------------------------------------------------------
 
     def update(self, model_or_params=None, *, batch_size: int, world_size: int | None = None,
-               grad_scale: float = 1.0) -> float | None:
-        """Fold in this step: the small gradients recorded since the last call and ``.grad``.
+               grad_scale: float = 1.0) -> None:
+        """Record this step: the small gradients recorded since the last call and ``.grad``.
 
         ``batch_size``: examples in the step's ``.grad`` (over all micro-batches and workers);
-        ``world_size``: data-parallel workers averaged into ``.grad`` (default: the initialized
-        ``torch.distributed`` world size, else 1); ``grad_scale``: the factor the back-propagated
-        loss carries relative to a micro-batch's mean loss (see the module docstring). Returns the
-        running ``b_simple``, or ``None`` on the call that only registered the hooks.
+        ``world_size``: data-parallel workers averaged into ``.grad`` (default: the size of the
+        initialized ``torch.distributed`` ``process_group``, else 1); ``grad_scale``: the factor the
+        back-propagated loss carries relative to a micro-batch's mean loss (see the module
+        docstring). Returns nothing: read :attr:`b_simple` or :meth:`reading` when needed (a reading
+        folds the recorded steps; the step itself does no host-side arithmetic).
         """
         if not self._params:
             if model_or_params is None:
@@ -490,218 +446,251 @@ class NoiseScaleTracker:
             if len(_named(model_or_params)) != len(self._params):
                 raise BatchlabError("NoiseScaleTracker.update got a different model from the one it tracks")
             self._source = model_or_params
+        group_size = _world_size(self.process_group)
         if world_size is None:
-            world_size = _world_size()
-        if self._read_first and world_size > 1 and _world_size() > 1:
+            world_size = group_size
+        if self._read_first and world_size > 1 and group_size > 1:
             self._read_first = False  # torch.distributed started after the tracker (from the next step)
-        if not (isinstance(batch_size, int) and batch_size > 0) or world_size < 1:
+        if not (isinstance(batch_size, int) and batch_size > 0) or not (isinstance(world_size, int) and world_size >= 1):
             raise BatchlabError(f"batch_size and world_size must be positive integers, got {batch_size}, {world_size}")
+        if not (isinstance(grad_scale, (int, float)) and math.isfinite(grad_scale) and grad_scale > 0):
+            raise BatchlabError(f"grad_scale must be a positive finite number, got {grad_scale!r}")
         measured = self.calls % self.every == 0
         self.calls += 1
         try:
             if not measured:
                 self._pending, self._seen, self._big = [], [], None
-                return self._b_simple
-            return self._measure(batch_size, world_size, grad_scale)
+                return None
+            self._measure(batch_size, world_size, float(grad_scale), group_size)
         finally:
             self._sync_hooks()
+        return None
 
-    def _measure(self, batch_size: int, world_size: int, grad_scale: float) -> float:
+    def _local_problem(self, pending, big) -> str | None:
+        """Why this rank has nothing to measure at this step, or None."""
+        if not pending:
+            return "NoiseScaleTracker.update: no gradients since the last update; call it after backward()"
+        if self._sharded is not None:
+            unswapped = self._sharded.unswapped(self._targets)
+            if unswapped:
+                return (f"NoiseScaleTracker: sharded parameter {unswapped[0]!r} was never replaced by an unsharded one "
+                        "in a forward pass; allowed sharding: FSDP2 (fully_shard), not tensor parallelism")
+        if self.grad_at == "backward" and big is None:
+            return ("NoiseScaleTracker(grad_at='backward') saw no end of a backward pass since the last update; "
+                    "call update() after backward()")
+        return None
+
+    def _collective(self, world_size: int, group_size: int) -> bool:
+        """Whether this step all-reduces (the same answer on every rank)."""
+        return (self.sync and world_size > 1 and group_size == world_size) or (
+            self._sharded is not None and bool(self._sharded.groups))
+
+    def _measure(self, batch_size: int, world_size: int, grad_scale: float, group_size: int) -> None:
         if self._seen:  # a backward pass whose end-of-pass callback did not run
             self._flush()
         pending, self._pending = self._pending, []
         big, self._big = self._big, None
-        if not pending:
-            raise BatchlabError("NoiseScaleTracker.update: no gradients since the last update; call it after backward()")
-        unswapped = [self.names[i] for i in self._sharded if self._targets[i] is self._params[i]]
-        if unswapped:
-            raise BatchlabError(
-                f"NoiseScaleTracker: sharded parameter {unswapped[0]!r} was never replaced by an unsharded one in a "
-                "forward pass; allowed sharding: FSDP2 (fully_shard), not tensor parallelism"
-            )
-        if self.grad_at == "update":
+        k = len(pending)  # backward passes in the step
+        collective = self._collective(world_size, group_size)
+        problem = self._local_problem(pending, big)
+        if problem is not None and not collective:
+            raise BatchlabError(problem)
+        if problem is None and self.grad_at == "update":
             big = self._read_big()
-        elif big is None:
-            raise BatchlabError("NoiseScaleTracker(grad_at='backward') saw no end of a backward pass since the last "
-                                "update; call update() after backward()")
-        big_index, big_norms = big
-        n_params = len(self._params)
-        k = len(pending)
-        values = _to_numpy([t for _, ts in pending for t in ts] + big_norms) ** 2
-        n_small = sum(len(present) for present, _ in pending)
-        small_values, big_values = values[:n_small], values[n_small:]
-        if len(big_index) == n_params and all(len(present) == n_params for present, _ in pending):
-            # the usual step: every parameter in every backward pass (hooks fire in a fixed order per
-            # pass, so each pass is put back in parameter order)
-            first = pending[0][0]
-            small_sum = np.empty(n_params)
-            if all(present == first for present, _ in pending):  # the same hook order in every pass
-                if first == self._natural:
-                    small_sum = small_values.reshape(k, n_params).sum(0)
-                else:
-                    small_sum[first] = small_values.reshape(k, n_params).sum(0)
-            else:
-                small_sum = np.bincount([i for present, _ in pending for i in present], weights=small_values,
-                                        minlength=n_params)
-            small = small_sum / k
-            big_sq = big_values
-            used = None
-        else:
-            index = np.array([i for present, _ in pending for i in present])
-            small_sum = np.bincount(index, weights=small_values, minlength=n_params)
-            counts = np.bincount(index, minlength=n_params)
-            big_sq = np.zeros(n_params)
-            big_sq[big_index] = big_values
-            k = int(counts.max())
-            small = small_sum / k
-            # a tensor seen in fewer backward passes than the others has a different b: left out this step
-            used = np.array([i for i in big_index if counts[i] == k], dtype=int)
         big_b = float(batch_size)
-        b = big_b / (world_size * k)
-        if b >= big_b:
+        if problem is None and big_b / (world_size * k) >= big_b:
             raise BatchlabError(
                 "one gradient of one batch size per step gives no noise-scale estimate; split the step into >= 2 "
                 "micro-batches (gradient accumulation) or run data parallel (world_size > 1)"
             )
-        small, big_sq = self._reduce(small, big_sq, world_size)
-        if used is not None:
-            if len(used) == 0:
-                raise BatchlabError("NoiseScaleTracker.update: no parameter has both micro-batch gradients and a .grad")
-            small, big_sq = small[used], big_sq[used]
+        n = len(self._params)
+        if problem is None:
+            big_index, big_norms = big
+            order = pending[0][0]
+            regular = len(big_index) == n and all(len(present) == n and present == order for present, _ in pending)
+            if regular and not collective:  # the usual step: recorded, folded later
+                self._record(k, order, [v for _, values in pending for v in values] + list(big_norms),
+                             (big_b, big_b / (world_size * k), grad_scale * grad_scale))
+                return
+        self._commit()
+        if problem is None:
+            small, big_sq, used = self._step_norms(pending, big, n)
+        else:  # take part in the collectives, then fail with every other rank
+            small, big_sq, used = np.zeros(n), np.zeros(n), None
+        if collective:
+            small, big_sq, failed = self._reduce(small, big_sq, world_size, problem is not None)
+            if problem is not None:
+                raise BatchlabError(problem)
+            if failed:
+                raise BatchlabError(f"NoiseScaleTracker.update: {failed} other worker(s) had nothing to measure at this "
+                                    "step (see their error); every worker calls update() after its backward passes")
+        if used is not None and len(used) == 0:
+            raise BatchlabError("NoiseScaleTracker.update: no parameter has both micro-batch gradients and a .grad")
         scale2 = grad_scale * grad_scale
-        small, big = small / scale2, big_sq / (k * k * scale2)
-        if used is None:  # moments_from_norms's arithmetic, without its argument conversion
-            g2, s = (big_b * big - b * small) / (big_b - b), (small - big) / (1.0 / b - 1.0 / big_b)
+        small, big_sq = small / scale2, big_sq / (k * k * scale2)
+        b = big_b / (world_size * k)
+        if used is None:
+            g2, s = moments_from_norms(small, big_sq, b, big_b)
         else:
-            g2, s = moments_from_norms(small, big, b, big_b)
+            g2, s = moments_from_norms(small[used], big_sq[used], b, big_b)
         if not (np.all(np.isfinite(g2)) and np.all(np.isfinite(s))):
-            self.nonfinite_steps += 1  # after the step's collectives: a rank leaving it out cannot hang the others
-            return self._b_simple
-        self._fold(slice(None) if used is None else used, g2, s)
-        self.last = {"step": self.steps, "small_batch_size": b, "batch_size": batch_size,
-                     "grad_norm_sq": float(np.sum(g2)), "trace_sigma": float(np.sum(s))}
-        self._fold_interval(self.last["trace_sigma"], self.last["grad_norm_sq"])
-        self._refresh_totals()
-        self._b_simple = self.b_simple
-        return self._b_simple
+            self._nonfinite += 1  # after the step's collectives: a rank leaving it out cannot hang the others
+            self._folded = None
+            return
+        if used is None:
+            self._sums = self._sums.folded(g2[None], s[None], self.beta)
+        else:
+            self._sums = self._sums.folded_some(used, g2, s, self.beta)
+        self._fold_totals(np.array([float(np.sum(s))]), np.array([float(np.sum(g2))]), [(big_b, b)])
 
-    def _reduce(self, small: np.ndarray, big_sq: np.ndarray, world_size: int) -> tuple[np.ndarray, np.ndarray]:
-        """The collectives of a step, the same on every rank: the small norms' mean over the world
-        (``sync``) and each sharded ``.grad``'s squared norm summed over its shard groups."""
-        sync = self.sync and world_size > 1 and _world_size() == world_size
-        if not sync and not self._shard_groups:
-            return small, big_sq
+    def _step_norms(self, pending, big, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """One step's per-tensor mean squared small norm and squared ``.grad`` norm (parameter order),
+        and the tensors measured (None: all). A tensor with a ``.grad`` is measured; a pass that did
+        not reach it delivered it a zero gradient."""
+        big_index, big_norms = big
+        k = len(pending)  # a pass that did not reach a tensor delivered it a zero gradient
+        norms = [v for _, vs in pending for v in vs] + list(big_norms)
+        values = np.array(host_row(norms)) if self._host else host_matrix([device_row(norms)])[0]
+        values *= values
+        n_small = sum(len(present) for present, _ in pending)
+        index = np.array([i for present, _ in pending for i in present], dtype=int)
+        small = np.bincount(index, weights=values[:n_small], minlength=n) / k
+        big_sq = np.zeros(n)
+        big_sq[list(big_index)] = values[n_small:]
+        counts = np.bincount(index, minlength=n)
+        if len(big_index) == n and bool((counts > 0).all()):
+            return small, big_sq, None
+        return small, big_sq, np.array([i for i in big_index if counts[i] > 0], dtype=int)
+
+    def _reduce(self, small: np.ndarray, big_sq: np.ndarray, world_size: int,
+                failed: bool) -> tuple[np.ndarray, np.ndarray, int]:
+        """The collectives of a step, the same on every rank: the small norms' mean over the group
+        (``sync``) and each sharded ``.grad``'s squared norm summed over its shard groups, each vector
+        carrying one more entry, the count of ranks that have nothing to measure."""
+        sync = self.sync and world_size > 1 and _world_size(self.process_group) == world_size
         import torch.distributed as dist
 
         n = len(small)
+        flag = 1.0 if failed else 0.0
+        failures = 0.0
         big_sq = big_sq.copy()
-        groups = [(index, list(process_groups)) for index, process_groups in self._shard_groups]
-        if sync and len(groups) == 1 and len(groups[0][1]) == 1 and dist.get_world_size(groups[0][1][0]) == _world_size():
+        device = self._params[0].device
+        groups = [(index, list(process_groups)) for index, process_groups in
+                  (self._sharded.groups if self._sharded is not None else [])]
+        if (sync and self.process_group is None and len(groups) == 1 and len(groups[0][1]) == 1
+                and dist.get_world_size(groups[0][1][0]) == _world_size()):
             # plain FSDP2 on the whole world: one all-reduce for the small and the big norms together
             index, _ = groups.pop()
-            total = _all_reduce_sum(np.concatenate([small, big_sq[index]]), self._params[0].device)
-            small = total[:n] / world_size
-            big_sq[index] = total[n:]
+            total = _all_reduce_sum(np.concatenate([small, big_sq[index], [flag]]), device)
+            small, big_sq[index], failures = total[:n] / world_size, total[n:-1], total[-1]
         elif sync:
-            small = _all_reduce_sum(small, self._params[0].device) / world_size
+            total = _all_reduce_sum(np.concatenate([small, [flag]]), device, self.process_group)
+            small, failures = total[:n] / world_size, total[-1]
         for index, process_groups in groups:
-            part = big_sq[index]
+            part = np.concatenate([big_sq[index], [flag]])
             for group in process_groups:
-                part = _all_reduce_sum(part, self._params[0].device, group)
-            big_sq[index] = part
-        return small, big_sq
+                part = _all_reduce_sum(part, device, group)
+            big_sq[index], failures = part[:-1], max(failures, part[-1])
+        return small, big_sq, int(round(failures)) - (1 if failed else 0)
 
-    def _fold(self, index, g2: np.ndarray, s: np.ndarray) -> None:
-        self.steps += 1
-        if isinstance(index, slice):  # every tensor (the same arithmetic, without the indexing)
-            if self.beta is None:
-                self._weight += 1.0
-                self._g2 += (g2 - self._g2) / self._weight
-                self._s += (s - self._s) / self._weight
-            else:
-                self._weight = 1.0 - (1.0 - self._weight) * self.beta
-                self._g2 = self.beta * self._g2 + (1.0 - self.beta) * g2
-                self._s = self.beta * self._s + (1.0 - self.beta) * s
-            return
-        if self.beta is None:
-            self._weight[index] += 1.0
-            self._g2[index] += (g2 - self._g2[index]) / self._weight[index]
-            self._s[index] += (s - self._s[index]) / self._weight[index]
+    # -- folding ------------------------------------------------------------------------------------
+
+    def _record(self, k: int, order: list[int], norms: list, sizes: tuple[float, float, float]) -> None:
+        """Keep a usual step's norms until the next fold (``FOLD_EVERY`` steps, a change of shape, a reading)."""
+        recorded = self._recorded
+        if recorded is not None and (recorded.micro_batches != k or recorded.order != order):
+            self._commit()
+            recorded = None
+        if self._host:
+            row = host_row(norms)
+            if not math.isfinite(sum(row)):  # norms are >= 0: the sum is finite exactly when each one is
+                self._nonfinite += 1
+                self._folded = None
+                return
         else:
-            self._weight[index] = 1.0 - (1.0 - self._weight[index]) * self.beta
-            self._g2[index] = self.beta * self._g2[index] + (1.0 - self.beta) * g2
-            self._s[index] = self.beta * self._s[index] + (1.0 - self.beta) * s
+            row = device_row(norms)
+        if recorded is None:
+            recorded = self._recorded = RecordedSteps(k, list(order), [], [])
+        recorded.rows.append(row)
+        recorded.sizes.append(sizes)
+        self._folded = None
+        if len(recorded.rows) >= FOLD_EVERY:
+            self._commit()
 
-    def _fold_interval(self, trace_sigma: float, grad_norm_sq: float) -> None:
-        """Weighted Welford update of the per-step totals' moments: earlier weights times ``beta``,
-        the new step weight 1."""
-        m2 = self._im2
-        if self.beta is not None:
-            beta = self.beta
-            self._iw *= beta
-            self._iw2 *= beta * beta
-            m2 = [[m2[0][0] * beta, m2[0][1] * beta], [m2[1][0] * beta, m2[1][1] * beta]]
-        self._iw += 1.0
-        self._iw2 += 1.0
-        x, y = float(trace_sigma), float(grad_norm_sq)
-        bx, by = x - self._imean[0], y - self._imean[1]
-        mean = [self._imean[0] + bx / self._iw, self._imean[1] + by / self._iw]
-        ax, ay = x - mean[0], y - mean[1]
-        self._imean = mean
-        self._im2 = [[m2[0][0] + bx * ax, m2[0][1] + bx * ay], [m2[1][0] + by * ax, m2[1][1] + by * ay]]
+    def _commit(self) -> None:
+        """Fold the recorded steps into the running state."""
+        if self._recorded is None:
+            return
+        state = self._state()  # a reading since the last change folded exactly these steps already
+        self._sums, self._moments, self._steps = state.sums, state.moments, state.steps
+        self._nonfinite, self._last = state.nonfinite_steps, state.last
+        self._recorded = None
+
+    def _committed(self) -> RunningState:
+        return running_state(self._sums, self._moments, self._steps, self._nonfinite, self._last, self.beta)
+
+    def _fold_totals(self, x: np.ndarray, y: np.ndarray, sizes: list[tuple[float, float]]) -> None:
+        """Commit one eagerly folded step's totals: the interval's moments, the count, ``last``."""
+        self._moments = self._moments.folded(x, y, self.beta)
+        self._steps += len(x)
+        self._last = {"step": self._steps, "small_batch_size": sizes[-1][1], "batch_size": int(sizes[-1][0]),
+                      "grad_norm_sq": float(y[-1]), "trace_sigma": float(x[-1])}
+        self._folded = None
+
+    def _state(self) -> RunningState:
+        """The state readings use: the committed one with the recorded steps folded in (a copy)."""
+        if self._folded is None:
+            self._folded = self._committed()
+            if self._recorded is not None:
+                self._folded = folded(self._folded, self._recorded, self._natural, self.beta)
+        return self._folded
 
     # -- readings -----------------------------------------------------------------------------------
 
-    def _refresh_totals(self) -> None:
-        """Recompute the running (trace_sigma, grad_norm_sq) after the sums changed."""
-        if self._s is None or self._g2 is None or self.steps == 0:
-            self._totals = (math.nan, math.nan)
-            return
-        if not self._all_measured:
-            self._all_measured = bool(self._weight is not None and len(self._weight) and (self._weight > 0).all())
-        if self._all_measured:  # the same numbers as _corrected(...).sum(), without its mask
-            if self.beta is None:
-                self._totals = (float(self._s.sum()), float(self._g2.sum()))
-            else:
-                self._totals = (float((self._s / self._weight).sum()), float((self._g2 / self._weight).sum()))
-        else:
-            self._totals = (float(self._corrected(self._s).sum()), float(self._corrected(self._g2).sum()))
+    @property
+    def steps(self) -> int:
+        """Measured steps folded into the estimate (a non-finite one is not counted)."""
+        if self._recorded is not None and self._host:
+            return self._steps + len(self._recorded.rows)
+        return self._state().steps
 
-    def _corrected(self, values: np.ndarray | None) -> np.ndarray:
-        if values is None or self.steps == 0:
-            return np.full(len(self.names), math.nan)
-        # a tensor never measured yet is left out of the sums (0); each other one is corrected by its own
-        # weight, so a tensor without a gradient at some steps is averaged over the steps it had one
-        measured = self._weight > 0
-        out = np.zeros(len(values))
-        if self.beta is None:
-            out[measured] = values[measured]
-        else:
-            out[measured] = values[measured] / self._weight[measured]
-        return out
+    @property
+    def nonfinite_steps(self) -> int:
+        """Measured steps left out because their |G|^2 or tr(Sigma) was not finite (an overflowed step)."""
+        return self._nonfinite if self._host else self._state().nonfinite_steps
+
+    @property
+    def last(self) -> dict | None:
+        """The last measured step's own values: ``step``, ``small_batch_size`` (b), ``batch_size`` (B),
+        ``grad_norm_sq`` and ``trace_sigma`` (its totals over parameter tensors); None before one."""
+        last = self._state().last
+        return None if last is None else dict(last)
 
     @property
     def grad_norm_sq(self) -> float:
         """Running |G|^2 (bias-corrected EMA or mean over steps; NaN before the first step)."""
-        return self._totals[1]
+        state = self._state()
+        return state.totals[1] if state.steps else math.nan
 
     @property
     def trace_sigma(self) -> float:
         """Running tr(Sigma) of the per-example gradient (NaN before the first step)."""
-        return self._totals[0]
+        state = self._state()
+        return state.totals[0] if state.steps else math.nan
 
     @property
     def b_simple(self) -> float:
         """``trace_sigma / grad_norm_sq`` in examples: NaN before the first step, ``inf`` while the
         running |G|^2 is <= 0 (the gradient cannot be told from noise yet)."""
-        if self.steps == 0:
+        state = self._state()
+        if state.steps == 0:
             return math.nan
-        return ratio(self.trace_sigma, self.grad_norm_sq)
+        return ratio(*state.totals)
 
     @property
     def effective_steps(self) -> float:
         """n_eff = (sum w)^2 / sum w^2 of the steps' weights (``beta=None``: ``steps``)."""
-        return self._iw * self._iw / self._iw2 if self._iw2 > 0 else 0.0
+        return self._state().moments.effective_steps
 
     def b_simple_interval(self, level: float = 0.9) -> Interval:
         """Fieller's interval for ``b_simple`` at the two-sided ``level`` (module docstring): the
@@ -709,18 +698,13 @@ class NoiseScaleTracker:
         a lower bound), both ``None`` before two steps (or with ``beta=0``: one step's weight)."""
         if not 0 < level < 1:
             raise BatchlabError(f"level must be in (0, 1), got {level}")
-        n_eff = self.effective_steps
-        method = (f"{INTERVAL_METHOD} ({self.steps} steps)" if self.beta is None
-                  else f"{INTERVAL_METHOD}, EMA-weighted ({n_eff:.1f} effective of {self.steps} steps)")
-        if self.steps < 2 or n_eff - 1.0 <= 1e-9:
+        state = self._state()
+        n_eff = state.moments.effective_steps
+        method = (f"{INTERVAL_METHOD} ({state.steps} steps)" if self.beta is None
+                  else f"{INTERVAL_METHOD}, EMA-weighted ({n_eff:.1f} effective of {state.steps} steps)")
+        if state.steps < 2:
             return Interval(None, None, level, method)
-        w, w2 = self._iw, self._iw2
-        # Var(weighted mean) = s^2 sum w^2 / (sum w)^2, s^2 = M2 / (sum w - sum w^2 / sum w)
-        factor, denominator = w2 / (w * w), w - w2 / w
-        m2 = self._im2
-        return fieller_weighted(self.trace_sigma, self.grad_norm_sq, m2[0][0] * factor / denominator,
-                                m2[1][1] * factor / denominator, m2[0][1] * factor / denominator, n_eff - 1.0,
-                                level, method)
+        return state.moments.interval(state.totals[0], state.totals[1], level, method)
 
     def reading(self, level: float = 0.9) -> dict:
         """The estimate with its interval, JSON-ready.
@@ -742,7 +726,11 @@ class NoiseScaleTracker:
     @property
     def per_layer(self) -> dict[str, dict]:
         """Module name -> ``{"trace_sigma", "grad_norm_sq", "b_simple"}`` (running; they add up)."""
-        return per_layer_table(self.names, self._corrected(self._s), self._corrected(self._g2))
+        state = self._state()
+        if state.sums is None or state.steps == 0:
+            nan = np.full(len(self.names), math.nan)
+            return per_layer_table(self.names, nan, nan)
+        return per_layer_table(self.names, *state.sums.corrected(self.beta))
 
     def to_dict(self, level: float = 0.9) -> dict:
         """The running estimates and the interval at ``level``, JSON-ready (non-finite as ``None``):
@@ -758,8 +746,12 @@ class NoiseScaleTracker:
     # -- checkpoints --------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        """Plain Python state (``torch.save``/JSON-able). Call between steps: gradients recorded since
-        the last :meth:`update` are not part of it."""
+        """Plain Python state (``torch.save``/JSON-able): the folded sums and the measured steps
+        recorded since (``recorded``), so a restored tracker folds them where this one would;
+        ``steps`` and ``nonfinite_steps`` count both. Call
+        between steps: gradients of a step in progress are not part of it."""
+        recorded = self._recorded
+        sums = self._sums
         return {
             "version": STATE_VERSION,
             "beta": self.beta,
@@ -768,25 +760,29 @@ class NoiseScaleTracker:
             "calls": self.calls,
             "nonfinite_steps": self.nonfinite_steps,
             "every": self.every,
-            "weight": None if self._weight is None else self._weight.tolist(),
+            "weight": None if sums is None else sums.weight.tolist(),
             "names": list(self.names),
-            "grad_norm_sq": None if self._g2 is None else self._g2.tolist(),
-            "trace_sigma": None if self._s is None else self._s.tolist(),
-            "interval": {"weight": self._iw, "weight_sq": self._iw2, "mean": [float(v) for v in self._imean],
-                         "m2": [[float(v) for v in row] for row in self._im2]},
-            "last": None if self.last is None else dict(self.last),
+            "grad_norm_sq": None if sums is None else sums.grad_norm_sq.tolist(),
+            "trace_sigma": None if sums is None else sums.trace_sigma.tolist(),
+            "interval": self._moments.to_state(),
+            "last": None if self._last is None else dict(self._last),
+            "recorded": None if recorded is None else {
+                "micro_batches": recorded.micro_batches, "order": list(recorded.order),
+                "norms": host_matrix(recorded.rows).tolist(), "sizes": [list(s) for s in recorded.sizes]},
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore :meth:`state_dict`'s output; the parameter tensors must match in number (and in
-        name where this tracker already knows them). Version 1 states (before the interval) are
+        """Restore :meth:`state_dict`'s output, settings included (``beta``, ``every`` and ``grad_at``
+        replace the constructor's: a resumed run goes on as the saved one); the parameter tensors must
+        match in number (and in name where this tracker already knows them). Version 2 states
+        (before the recorded steps) load with none recorded; version 1 states (before the interval) are
         refused: their per-step spread was not kept."""
         version = state.get("version")
         if version == 1:
             raise BatchlabError("NoiseScaleTracker state version 1 has no interval statistics (added in version 2); "
                                 "start a new tracker")
-        if version != STATE_VERSION:
-            raise BatchlabError(f"NoiseScaleTracker state version {version!r}; known: {STATE_VERSION}")
+        if version not in (2, STATE_VERSION):
+            raise BatchlabError(f"NoiseScaleTracker state version {version!r}; known: 2, {STATE_VERSION}")
         if state.get("grad_at", "update") not in GRAD_AT:
             raise BatchlabError(f"NoiseScaleTracker state grad_at {state.get('grad_at')!r}; known: {', '.join(GRAD_AT)}")
         names = list(state["names"])
@@ -794,30 +790,38 @@ class NoiseScaleTracker:
             raise BatchlabError(f"NoiseScaleTracker state has {len(names)} parameter tensors, the model {len(self.names)}")
         if self.names and names != self.names:
             raise BatchlabError("NoiseScaleTracker state names other parameters than the tracked model's")
+        try:
+            moments = RatioMoments.from_state(state["interval"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise BatchlabError(f"NoiseScaleTracker state: bad interval entry ({error})") from None
         self.beta = state["beta"]
         self.grad_at = state.get("grad_at", "update")
-        self.steps = int(state["steps"])
-        self.calls = int(state.get("calls", self.steps))
-        self.nonfinite_steps = int(state.get("nonfinite_steps", 0))
+        self._steps = int(state["steps"])
+        self.calls = int(state.get("calls", self._steps))
+        self._nonfinite = int(state.get("nonfinite_steps", 0))
         self.every = int(state.get("every", 1))
         weight = state["weight"]
         if weight is None or isinstance(weight, (int, float)):  # a tracker of one common weight
             size = len(state["grad_norm_sq"]) if state["grad_norm_sq"] is not None else len(names or self.names)
             weight = None if weight is None else [float(weight)] * size
-        self._weight = None if weight is None else np.array(weight, dtype=float)
         self.names = names or self.names
-        self._g2 = None if state["grad_norm_sq"] is None else np.array(state["grad_norm_sq"], dtype=float)
-        self._s = None if state["trace_sigma"] is None else np.array(state["trace_sigma"], dtype=float)
-        interval = state["interval"]
-        self._iw, self._iw2 = float(interval["weight"]), float(interval["weight_sq"])
-        self._imean = [float(v) for v in interval["mean"]]
-        self._im2 = [[float(v) for v in row] for row in interval["m2"]]
-        if len(self._imean) != 2 or len(self._im2) != 2 or any(len(row) != 2 for row in self._im2):
-            raise BatchlabError("NoiseScaleTracker state: interval mean must have 2 entries and m2 be 2 x 2")
-        self.last = None if state["last"] is None else dict(state["last"])
-        self._all_measured = False
-        self._refresh_totals()
-        self._b_simple = self.b_simple
+        if weight is None or state["grad_norm_sq"] is None or state["trace_sigma"] is None:
+            self._sums = None if not self.names else TensorSums.empty(len(self.names))
+        else:
+            self._sums = TensorSums(np.array(weight, dtype=float), np.array(state["grad_norm_sq"], dtype=float),
+                                    np.array(state["trace_sigma"], dtype=float))
+        self._moments = moments
+        self._last = None if state["last"] is None else dict(state["last"])
+        recorded = state.get("recorded")
+        if recorded is not None:  # the counts include the recorded steps (a non-finite one: on an accelerator)
+            bad = sum(1 for row in recorded["norms"] if not math.isfinite(sum(float(v) for v in row)))
+            self._steps -= len(recorded["norms"]) - bad
+            self._nonfinite -= bad
+        self._recorded = None if recorded is None else RecordedSteps(
+            int(recorded["micro_batches"]), [int(i) for i in recorded["order"]],
+            [[float(v) for v in row] for row in recorded["norms"]],
+            [(float(a), float(b), float(c)) for a, b, c in recorded["sizes"]])
+        self._folded = None
         if self._params:
             self._sync_hooks()
 
@@ -826,12 +830,13 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _world_size() -> int:
+def _world_size(group=None) -> int:
+    """Workers in ``group`` (default: the world) of an initialized ``torch.distributed``, else 1."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
+        return dist.get_world_size(group)
     return 1
 
 
-__all__ = ["GRAD_AT", "NoiseScaleTracker", "fieller_weighted"]
+__all__ = ["FOLD_EVERY", "GRAD_AT", "NoiseScaleTracker"]
