@@ -258,7 +258,7 @@ def test_resume_refuses_other_settings_and_changed_checkpoints(user_run, tmp_pat
     module, runs, _ = user_run
     out = tmp_path / "out"
     measure(module.SGDAdapter(), {0: runs["sgd"][0]}, out=out)
-    with pytest.raises(BatchlabError, match="different measurement .other adapter, batch size, window"):
+    with pytest.raises(BatchlabError, match="different measurement .other adapter or adapter source file, batch size"):
         measure(module.SGDAdapter(), {0: runs["sgd"][0]}, out=out, window=2 * WINDOW)
     with pytest.raises(BatchlabError, match="different measurement"):
         measure(module.AdamAdapter(), {0: runs["sgd"][0]}, out=out)
@@ -269,6 +269,22 @@ def test_resume_refuses_other_settings_and_changed_checkpoints(user_run, tmp_pat
     # a new checkpoint is added to the same cache
     added = measure(module.SGDAdapter(), {4: runs["sgd"][4]}, out=out)
     assert added.computed == 3
+
+
+def test_resume_refuses_an_edited_adapter(user_run, tmp_path):
+    """The cache records the SHA-256 of the adapter's source file: the same reference after an edit of
+    that file is another adapter (its branches would mix with the old ones), refused in one line."""
+    _, runs, source = user_run
+    out = tmp_path / "out"
+    reference = f"{source}:SGDAdapter"
+    measure(reference, {0: runs["sgd"][0]}, out=out)
+    assert measure(reference, {0: runs["sgd"][0]}, out=out).computed == 0
+    cache = json.loads((out / "branched.json").read_text())
+    assert len(cache["settings"]["adapter_source"]) == 64
+    source.write_text(source.read_text() + "\n# edited\n")
+    with pytest.raises(BatchlabError, match="adapter source file") as info:
+        measure(reference, {0: runs["sgd"][0]}, out=out)
+    assert "\n" not in str(info.value)
 
 
 @pytest.mark.slow  # starts spawned workers and a Dask LocalCluster (seconds of imports each on a loaded machine)

@@ -52,7 +52,8 @@ up to the rounding of multi-threaded reductions.
 
 **Resumable.** With ``out`` each finished branch's loss goes into ``out/branched.json`` exactly as in
 :mod:`batchlab.probes.branched` (same file, keys and atomic rewrite), beside the settings that define
-the branches (the adapter's reference, ``B``, the window, the learning-rate setting, ``seed``) and,
+the branches (the adapter's reference and the SHA-256 of the source file defining it, ``B``, the
+window, the learning-rate setting, ``seed``) and,
 per checkpoint step, the checkpoint file's identity (its size and modification time; for a directory,
 a SHA-256 digest of every file's relative path, size and modification time). A rerun with the same
 settings computes only the missing branches and calls the adapter for nothing else; other settings,
@@ -93,7 +94,7 @@ from batchlab.probes.branched import (
 )
 from batchlab.references import ReferenceKind
 
-__all__ = ["REQUIRED_METHODS", "CheckpointAdapter", "CheckpointAdapterProtocol", "adapter_reference",
+__all__ = ["REQUIRED_METHODS", "CheckpointAdapter", "CheckpointAdapterProtocol", "adapter_reference", "adapter_source_digest",
            "batch_size_schedule", "branched_from_checkpoints", "check_checkpoints", "checkpoint_identity", "default_probe_loss",
            "default_rule", "resolve_adapter"]
 
@@ -233,6 +234,26 @@ def resolve_adapter(adapter: Any) -> Any:
         return _RESOLVED[name][1]
     _check_methods(adapter_reference(adapter), adapter)
     return adapter
+
+
+def adapter_source_digest(adapter: Any) -> str | None:
+    """SHA-256 of the source file that defines ``adapter`` (the module its reference names, or its
+    class's module), so that a cache of branches is not continued by an edited adapter; None when
+    the adapter has no source file (defined interactively). Other files it imports are not covered."""
+    import sys
+
+    if isinstance(adapter, str):
+        held = _RESOLVED.get(adapter_reference(adapter))
+        module = None if held is None else held[0]
+    else:
+        module = sys.modules.get(type(adapter).__module__)
+    path = getattr(module, "__file__", None)
+    if not path:
+        return None
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def _check_methods(name: Any, adapter: Any) -> None:
@@ -510,9 +531,10 @@ def branched_from_checkpoints(adapter: Any, checkpoints: Mapping[int, str | os.P
     paths = check_checkpoints(checkpoints)
     resolved = resolve_adapter(adapter)  # importable and complete before anything runs
     name = adapter_reference(adapter)
-    settings = {"kind": "checkpoints", "adapter": name, "batch_size": batch, "window": size,
-                "learning_rate": learning_rate, "seed": int(seed)}
-    cache = _Cache(out, settings, mismatch="other adapter, batch size, window, learning rate or seed")
+    settings = {"kind": "checkpoints", "adapter": name, "adapter_source": adapter_source_digest(adapter),
+                "batch_size": batch, "window": size, "learning_rate": learning_rate, "seed": int(seed)}
+    cache = _Cache(out, settings, mismatch="other adapter or adapter source file, batch size, window, learning rate "
+                                           "or seed")
     identities = {s: checkpoint_identity(p) for s, p in paths.items()}
     for s, identity in identities.items():
         held = cache.checkpoints.get(str(s))

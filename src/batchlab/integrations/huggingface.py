@@ -37,7 +37,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from batchlab.errors import BatchlabError, checked_int, one_line, printable
-from batchlab.integrations.metrics import checked_options, logged_metrics
+from batchlab.integrations.metrics import check_resumed_settings, checked_options, logged_metrics
 from batchlab.integrations.schedule import (
     BatchSizeSchedule,
     checked_rule,
@@ -175,6 +175,7 @@ class NoiseScaleCallback(TrainerCallback, ExportableState):
         if isinstance(saved, list):  # several callbacks of this class: the Trainer keeps a list
             saved = saved[0]
         if saved and saved.get("attributes", {}).get("tracker_state") is not None:  # resuming a checkpoint
+            check_resumed_settings("NoiseScaleCallback", saved["attributes"]["tracker_state"], self.beta, self.every)
             self.tracker.load_state_dict(saved["attributes"]["tracker_state"])
             self.skipped_steps = int(saved["attributes"].get("skipped_steps", 0))
         self._model = model

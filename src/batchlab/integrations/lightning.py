@@ -39,7 +39,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from batchlab.errors import BatchlabError, checked_int, one_line
 from batchlab.integrations import schedule as _schedule
-from batchlab.integrations.metrics import checked_options, logged_metrics
+from batchlab.integrations.metrics import check_resumed_settings, checked_options, logged_metrics
 from batchlab.probes.tracker import NoiseScaleTracker
 
 
@@ -91,7 +91,8 @@ class NoiseScaleCallback(Callback):
     tracker's EMA decay per measured step (``None``: the plain mean); ``per_layer``: also log each
     module's tr(Sigma) and |G|^2; ``level``: the two-sided level of B_simple's interval; ``prefix``: of
     every logged name; ``batch_size_fn(batch) -> int``: a micro-batch's examples (default: its leading
-    dimension, Lightning's ``extract_batch_size``).
+    dimension, Lightning's ``extract_batch_size``). Resuming a checkpoint measured with another
+    ``beta`` or ``every`` is refused.
 
     The tracker (``self.tracker``) is attached to the module at ``on_train_start`` (after
     ``configure_model``, the strategy's wrapping and the checkpoint's restore) and updated in
@@ -99,10 +100,11 @@ class NoiseScaleCallback(Callback):
     step's micro-batches x ``trainer.world_size`` and the loss factor 1/A (A =
     ``trainer.accumulate_grad_batches``, times the GradScaler's scale under 16-bit AMP), so
     ``trace_sigma`` and ``grad_norm_sq`` are those of the unscaled mean loss. Its reading
-    (``self.reading``, :meth:`NoiseScaleTracker.reading`) is logged with ``pl_module.log`` at every
-    optimizer step from the first measured one on (the reading as of the last measured step), only
-    when the trainer has a logger, as :func:`batchlab.integrations.metrics.logged_metrics`. The small
-    gradients are the micro-batches' (under accumulation) and each worker's local one (under DDP): a
+    (``self.reading``, :meth:`NoiseScaleTracker.reading`, taken when the tracker measured a step
+    since the last one and the trainer has a logger, and at the end of training) is logged with
+    ``pl_module.log`` at every optimizer step from the first measured one on (the reading as of the
+    last measured step), only when the trainer has a logger, as
+    :func:`batchlab.integrations.metrics.logged_metrics`. The small gradients are the micro-batches' (under accumulation) and each worker's local one (under DDP): a
     run on one device needs ``accumulate_grad_batches >= 2`` (or a :class:`BatchSizeSchedule` whose
     first batch is >= 2 micro-batches). A measured step is left out (its gradients dropped with
     :meth:`NoiseScaleTracker.discard`, counted in ``skipped_steps``; the next step is measured
@@ -119,6 +121,7 @@ class NoiseScaleCallback(Callback):
         if not isinstance(prefix, str):
             raise BatchlabError(f"NoiseScaleCallback: prefix must be a string, got {prefix!r}")
         self.every, self.beta, self.per_layer, self.level, self.prefix = every, beta, bool(per_layer), level, prefix
+        self._read_at: int | None = None  # tracker.steps when self.reading was taken
         self.batch_size_fn = batch_size_fn
         self.tracker: NoiseScaleTracker | None = None
         self.reading: dict | None = None
@@ -152,12 +155,21 @@ class NoiseScaleCallback(Callback):
         grad_at = "backward" if _scaler(trainer) is not None else "update"
         self.tracker = NoiseScaleTracker(pl_module, beta=self.beta, every=self.every, sync=True, grad_at=grad_at)
         if self._state is not None:  # resuming: load_state_dict ran before (skipped_steps restored there)
+            check_resumed_settings("NoiseScaleCallback", self._state, self.beta, self.every)
             self.tracker.load_state_dict(self._state)
             self._state = None
         else:  # a fresh fit (also of a callback used before)
             self.skipped_steps = 0
-        self.reading = self.tracker.reading(level=self.level) if self.tracker.steps else None
+        self.reading, self._read_at = None, None
+        self._refresh_reading()
         self._sizes = []
+
+    def _refresh_reading(self) -> None:
+        """``self.reading`` as of the tracker's last measured step (taken only when it changed: a
+        reading folds the recorded steps and solves Fieller's quadratic)."""
+        if self.tracker is not None and self.tracker.steps and self._read_at != self.tracker.steps:
+            self.reading = self.tracker.reading(level=self.level)
+            self._read_at = self.tracker.steps
 
     def _check_two_batch_sizes(self, trainer: pl.Trainer) -> None:
         if trainer.world_size > 1:
@@ -184,11 +196,16 @@ class NoiseScaleCallback(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._sizes.append(_examples_in(batch, self.batch_size_fn))
 
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._refresh_reading()
+
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer) -> None:
         sizes, self._sizes = self._sizes, []
         if not sizes or self.tracker is None:  # a step without a micro-batch of ours (a manual call): nothing recorded
             return
         self._fold(trainer, pl_module, optimizer, sizes)
+        if trainer.loggers:
+            self._refresh_reading()
         if trainer.loggers and self.reading is not None:
             # at every optimizer step, not only the measured ones, so that whichever steps the logger keeps
             # (log_every_n_steps) carry the reading as of the last measured step
@@ -219,7 +236,6 @@ class NoiseScaleCallback(Callback):
         if scaled:
             grad_scale *= float(scaler.get_scale())
         tracker.update(pl_module, batch_size=k_max * b_max * world, world_size=world, grad_scale=grad_scale)
-        self.reading = tracker.reading(level=self.level)
 
     def logged_values(self) -> dict[str, float]:
         """The metrics of the last reading, by logged name (:func:`batchlab.integrations.metrics.logged_metrics`):

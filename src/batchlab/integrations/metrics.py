@@ -61,4 +61,14 @@ def checked_options(every, beta, level) -> tuple[int, float | None, float]:
     return every, beta, float(level)
 
 
-__all__ = ["LAYER_KEYS", "READING_KEYS", "checked_options", "logged_metrics"]
+def check_resumed_settings(callback: str, state: dict, beta: float | None, every: int) -> None:
+    """A one-line :class:`BatchlabError` when a checkpoint's tracker state was measured with another
+    ``beta`` or ``every`` than the callback resuming it (the state's would silently replace them)."""
+    saved_beta, saved_every = state.get("beta"), state.get("every", 1)
+    if saved_beta != beta or saved_every != every:
+        raise BatchlabError(f"{callback}: the checkpoint's noise-scale state was measured with beta={saved_beta!r}, "
+                            f"every={saved_every!r}, this callback has beta={beta!r}, every={every!r}; resume with "
+                            "the same settings")
+
+
+__all__ = ["LAYER_KEYS", "READING_KEYS", "check_resumed_settings", "checked_options", "logged_metrics"]
