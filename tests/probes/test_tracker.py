@@ -604,3 +604,36 @@ def test_state_version_2_loads_with_nothing_recorded():
     restored = NoiseScaleTracker(model, beta=0.9)
     restored.load_state_dict({**state, "version": 2})
     assert restored.reading() == tracker.reading() and restored.steps == 70
+
+
+def test_the_accelerator_path_records_tensors_and_folds_them_like_the_host_path():
+    """On an accelerator a step's norms are kept as one stacked tensor (no device-to-host copy) and
+    converted when folded; forced here on the CPU (``_host = False``). A non-finite step is found when
+    its chunk is folded, counted once, also through a strict-JSON checkpoint taken before the fold,
+    and the restored tracker goes on with the original's bits (the same path). Against the host path:
+    equal to rel 1e-12, not bitwise, since the host drops the non-finite step when it is recorded, so
+    its chunks end one step later (a chunk's fold equals the step-by-step fold to ~m ulps)."""
+    model = model_at()
+    host, device = NoiseScaleTracker(model, beta=0.9), NoiseScaleTracker(model, beta=0.9)
+    device._host = False
+    g = torch.Generator().manual_seed(27)
+    run_steps(model, [host, device], g, 5)
+    assert isinstance(device._recorded.rows[0], torch.Tensor)
+    x, y = draw(32, g)
+    model.zero_grad(set_to_none=True)
+    for xm, ym in zip(x.chunk(2), y.chunk(2)):
+        (loss_fn(model(xm), ym) * math.inf).backward()
+    host.update(model, batch_size=32)
+    device.update(model, batch_size=32)
+    assert len(device._recorded.rows) == 6 and len(host._recorded.rows) == 5  # found at once on the host
+    state = json.loads(json.dumps(device.state_dict(), allow_nan=False))
+    assert state["steps"] == 5 and state["nonfinite_steps"] == 1
+    restored = NoiseScaleTracker(model, beta=0.9)
+    restored.load_state_dict(state)
+    assert restored.steps == 5 and restored.nonfinite_steps == 1
+    run_steps(model, [host, device, restored], g, 70)  # across a fold
+    assert device.nonfinite_steps == host.nonfinite_steps == restored.nonfinite_steps == 1
+    assert device.steps == host.steps == 75
+    assert device.state_dict() == restored.state_dict() and device.reading() == restored.reading()
+    for key, value in host.reading().items():
+        assert device.reading()[key] == (pytest.approx(value, rel=1e-12) if isinstance(value, float) else value), key

@@ -258,6 +258,7 @@ class NoiseScaleTracker:
         self._recorded: RecordedSteps | None = None
         self._folded: RunningState | None = None  # the reading state, until the next change
         self._host = True  # the parameters are on the CPU: norms leave torch as Python floats at once
+        self._rows_checked = True  # every recorded step is known to be finite (host rows are checked when recorded)
         # read a tensor's first gradient of a step from .grad at the end of its backward pass instead of
         # keeping the incoming tensor (which would stop autograd from moving it into .grad without a
         # copy): only where nothing else rewrites .grad during the pass (one process, no DDP, no FSDP2,
@@ -609,6 +610,7 @@ class NoiseScaleTracker:
                 return
         else:
             row = device_row(norms)
+            self._rows_checked = False  # its finiteness is known when it is folded
         if recorded is None:
             recorded = self._recorded = RecordedSteps(k, list(order), [], [])
         recorded.rows.append(row)
@@ -625,6 +627,7 @@ class NoiseScaleTracker:
         self._sums, self._moments, self._steps = state.sums, state.moments, state.steps
         self._nonfinite, self._last = state.nonfinite_steps, state.last
         self._recorded = None
+        self._rows_checked = True
 
     def _committed(self) -> RunningState:
         return running_state(self._sums, self._moments, self._steps, self._nonfinite, self._last, self.beta)
@@ -650,14 +653,16 @@ class NoiseScaleTracker:
     @property
     def steps(self) -> int:
         """Measured steps folded into the estimate (a non-finite one is not counted)."""
-        if self._recorded is not None and self._host:
+        if self._recorded is None:
+            return self._steps
+        if self._rows_checked:  # every recorded step is finite: no fold needed to count them
             return self._steps + len(self._recorded.rows)
         return self._state().steps
 
     @property
     def nonfinite_steps(self) -> int:
         """Measured steps left out because their |G|^2 or tr(Sigma) was not finite (an overflowed step)."""
-        return self._nonfinite if self._host else self._state().nonfinite_steps
+        return self._nonfinite if self._recorded is None or self._rows_checked else self._state().nonfinite_steps
 
     @property
     def last(self) -> dict | None:
@@ -768,7 +773,9 @@ class NoiseScaleTracker:
             "last": None if self._last is None else dict(self._last),
             "recorded": None if recorded is None else {
                 "micro_batches": recorded.micro_batches, "order": list(recorded.order),
-                "norms": host_matrix(recorded.rows).tolist(), "sizes": [list(s) for s in recorded.sizes]},
+                # a non-finite norm (a step not folded yet, on an accelerator) as None: strict JSON
+                "norms": [[v if math.isfinite(v) else None for v in row] for row in host_matrix(recorded.rows).tolist()],
+                "sizes": [list(s) for s in recorded.sizes]},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -813,13 +820,16 @@ class NoiseScaleTracker:
         self._moments = moments
         self._last = None if state["last"] is None else dict(state["last"])
         recorded = state.get("recorded")
+        norms = None if recorded is None else [[math.nan if v is None else float(v) for v in row]
+                                               for row in recorded["norms"]]
         if recorded is not None:  # the counts include the recorded steps (a non-finite one: on an accelerator)
-            bad = sum(1 for row in recorded["norms"] if not math.isfinite(sum(float(v) for v in row)))
-            self._steps -= len(recorded["norms"]) - bad
+            bad = sum(1 for row in norms if not math.isfinite(sum(row)))
+            self._steps -= len(norms) - bad
             self._nonfinite -= bad
+        self._rows_checked = recorded is None or bad == 0
         self._recorded = None if recorded is None else RecordedSteps(
             int(recorded["micro_batches"]), [int(i) for i in recorded["order"]],
-            [[float(v) for v in row] for row in recorded["norms"]],
+            norms,
             [(float(a), float(b), float(c)) for a, b, c in recorded["sizes"]])
         self._folded = None
         if self._params:
