@@ -26,34 +26,34 @@ gradients are h_m and the big one is ``.grad / k``; then, per parameter tensor,
     |G|^2 = (B big - b small) / (B - b),  tr(Sigma) = (small - big) / (1/b - 1/B)
 
 (:func:`batchlab.probes.noise_scale.moments_from_norms`), unbiased at each step. Numerator and
-denominator are averaged over steps *separately* (an exponential moving average with decay
-``beta``, bias-corrected, or with ``beta=None`` the plain mean of all steps) and divided only when
-read: ``b_simple = trace_sigma / grad_norm_sq``. Steps are folded into the running sums in chunks
+denominator are averaged over steps *separately* (an exponential moving average with decay ``beta``,
+bias-corrected, or with ``beta=None`` the plain mean of all steps) and divided only when read:
+``b_simple = trace_sigma / grad_norm_sq``. Steps are folded into the running sums in chunks
 (:mod:`batchlab.probes.running_moments`): :meth:`update` only records the step's norms, every
 ``FOLD_EVERY`` measured steps (and at a change of the step's shape) they are folded at once, and a
-reading folds a copy of the steps since then without committing it, so when and how often the
-loop reads (or saves a checkpoint, which holds the unfolded steps too) does not change a bit of
-any later value. Scaling the loss by a constant c (dividing each
-micro-batch loss by k, a GradScaler's scale) scales both by c^2 and leaves B_simple unchanged; pass
-``grad_scale=c`` to :meth:`update` to get |G|^2 and tr(Sigma) of the unscaled mean loss.
+reading folds a copy of the steps since then without committing it, so when and how often the loop
+reads (or saves a checkpoint, which holds the unfolded steps too) does not change a bit of any later
+value. Scaling the loss by a constant c (dividing each micro-batch loss by k, a GradScaler's scale)
+scales both by c^2 and leaves B_simple unchanged; pass ``grad_scale=c`` to :meth:`update` to get
+|G|^2 and tr(Sigma) of the unscaled mean loss.
 
 **Interval** (:meth:`~NoiseScaleTracker.b_simple_interval`, :meth:`~NoiseScaleTracker.reading`).
-Each measured step t gives one replicate (x_t, y_t) = (the step's tr(Sigma), its |G|^2, summed
-over parameter tensors), from its own batch. The running values are weighted means of them,
-weights w_t = beta^(steps - t) (``beta=None``: 1). Fieller's interval for the ratio of the two
-weighted means is the set of R >= 0 with ``(x_bar - R y_bar)^2 <= t^2 Var(x_bar - R y_bar)``, where
-x_bar, y_bar are the tracker's running ``trace_sigma`` and ``grad_norm_sq`` (so ``b_simple`` is
-always inside it), ``Var`` of a weighted mean of independent replicates is ``s^2 sum w^2 /
-(sum w)^2`` with s^2 the reliability-weighted (co)variance of the replicates ``sum w (x - x_bar)^2
-/ (sum w - sum w^2 / sum w)``, and t is Student's quantile at the two-sided ``level`` with
-n_eff - 1 degrees of freedom, n_eff = (sum w)^2 / sum w^2 (``beta=None``: the number of steps,
-and this is exactly :func:`~batchlab.probes.noise_scale.ratio_interval` over the steps; an EMA:
-about (1 + beta) / (1 - beta) steps). The weighted sums are kept in O(1) state (weighted
-Welford updates), not a buffer. It treats steps as independent replicates, which holds for
-different batches at fixed parameters; when the parameters drift, it is the interval of the ratio
-of the weighted means of the drifting per-step values, and their drift adds to the spread. Without
-a finite upper end (|G|^2 not significantly above 0) the estimate is only a lower bound: the reading
-is not ``resolved``.
+Each measured step t gives one replicate (x_t, y_t) = (the step's tr(Sigma), its |G|^2, summed over
+parameter tensors), from its own batch. The running values are weighted means of them, weights w_t =
+beta^(steps - t) (``beta=None``: 1). Fieller's interval for the ratio of the two weighted means is
+the set of R >= 0 with ``(x_bar - R y_bar)^2 <= t^2 Var(x_bar - R y_bar)``, where x_bar, y_bar are
+the tracker's running ``trace_sigma`` and ``grad_norm_sq`` (so ``b_simple`` is always inside it),
+``Var`` of a weighted mean of independent replicates is ``s^2 sum w^2 / (sum w)^2`` with s^2 the
+reliability-weighted (co)variance of the replicates ``sum w (x - x_bar)^2 / (sum w - sum w^2 / sum
+w)``, and t is Student's quantile at the two-sided ``level`` with n_eff - 1 degrees of freedom,
+n_eff = (sum w)^2 / sum w^2 (``beta=None``: the number of steps, and this is exactly
+:func:`~batchlab.probes.noise_scale.ratio_interval` over the steps; an EMA: about (1 + beta) / (1 -
+beta) steps). The weighted sums are kept in O(1) state (merged chunk by chunk,
+:mod:`batchlab.probes.running_moments`), not a buffer of steps. It treats steps as independent
+replicates, which holds for different batches at fixed parameters; when the parameters drift, it is
+the interval of the ratio of the weighted means of the drifting per-step values, and their drift
+adds to the spread. Without a finite upper end (|G|^2 not significantly above 0) the estimate is
+only a lower bound: the reading is not ``resolved``.
 
 **FSDP2.** Autograd delivers gradients to the unsharded parameters FSDP2 swaps onto the modules
 for the forward and backward passes, not to the sharded ones: the tracker moves each sharded
@@ -99,12 +99,14 @@ size. A parameter tensor without a ``.grad`` at the step (``None``: no backward 
 left out of that step: each tensor keeps its own EMA weight or count, so its running values average
 the steps it had a gradient in. One with a ``.grad`` is measured, and a backward pass of the step
 that did not reach it (a mixture-of-experts route, LayerDrop) delivered it a zero gradient, which is
-counted as such (``zero_grad(set_to_none=False)`` so makes an unused tensor a measured zero). Under DDP and FSDP2 every rank calls :meth:`update` at the same steps (it may all-reduce; a rank
-that has nothing to measure still takes part, and then every rank raises, instead of leaving the
-others waiting in the collective); the optional ``sync`` all-reduces the small norms (one number
-per parameter tensor) over ``process_group`` (default: the world; give the data-parallel group
-under pipeline or tensor parallelism) so every rank holds the same estimate. To leave a step out (a skipped optimizer step, unequal micro-batches), call
-:meth:`discard` instead of :meth:`update`: it drops what was recorded since the last update.
+counted as such (``zero_grad(set_to_none=False)`` so makes an unused tensor a measured zero). Under
+DDP and FSDP2 every rank calls :meth:`update` at the same steps (it may all-reduce; a rank that has
+nothing to measure still takes part, and then every rank raises, instead of leaving the others
+waiting in the collective); the optional ``sync`` all-reduces the small norms (one number per
+parameter tensor) over ``process_group`` (default: the world; give the data-parallel group under
+pipeline or tensor parallelism) so every rank holds the same estimate. To leave a step out (a
+skipped optimizer step, unequal micro-batches), call :meth:`discard` instead of :meth:`update`: it
+drops what was recorded since the last update.
 
 Cost. Per backward pass, a Python call per parameter tensor (the hooks) and the norms of the
 gradients the pass delivered: on the CPU, and under DDP or FSDP2 on any device (where keeping them
