@@ -637,3 +637,12 @@ def test_the_accelerator_path_records_tensors_and_folds_them_like_the_host_path(
     assert device.state_dict() == restored.state_dict() and device.reading() == restored.reading()
     for key, value in host.reading().items():
         assert device.reading()[key] == (pytest.approx(value, rel=1e-12) if isinstance(value, float) else value), key
+
+
+def test_a_state_with_recorded_steps_reads_before_the_model_is_attached():
+    model = model_at()
+    tracker = NoiseScaleTracker(model, beta=0.9)
+    run_steps(model, [tracker], torch.Generator().manual_seed(28), 5)  # recorded, not folded
+    restored = NoiseScaleTracker(beta=0.9)  # no model yet
+    restored.load_state_dict(json.loads(json.dumps(tracker.state_dict())))
+    assert restored.reading() == tracker.reading() and restored.per_layer == tracker.per_layer

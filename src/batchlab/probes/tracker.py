@@ -242,6 +242,7 @@ class NoiseScaleTracker:
         self.names: list[str] = []
         self._params: list[torch.Tensor] = []
         self._targets: list[torch.Tensor] = []  # per parameter: the tensor autograd delivers its gradient to
+        self._natural: list[int] = []  # the parameter order, 0..n-1 (a pass's hook order, when they agree)
         self._handles: dict[int, object] = {}
         self._sharded: ShardedParameters | None = None  # FSDP2
         self._pending: list[tuple[list[int], list[torch.Tensor]]] = []  # per backward: (indices, norms)
@@ -836,6 +837,8 @@ class NoiseScaleTracker:
         self._folded = None
         if self._params:
             self._sync_hooks()
+        else:  # restored before it knows the model: readings fold in the state's parameter order
+            self._natural = list(range(len(self.names)))
 
 
 def _finite(x: float) -> float | None:
