@@ -75,6 +75,18 @@ def _loader_batch_size(trainer: pl.Trainer) -> int | None:
     return getattr(loader, "batch_size", None)
 
 
+def _fitting_with_automatic_optimization(callback: str, stage: str, pl_module: pl.LightningModule,
+                                        advice: str = "") -> bool:
+    """Whether ``setup`` runs for fitting (else the callback has nothing to set up); a module with
+    manual optimization is a one-line error (the callbacks follow Lightning's automatic steps)."""
+    if stage != "fit":
+        return False
+    if not pl_module.automatic_optimization:
+        raise BatchlabError(f"{callback} supports automatic optimization only (this module sets "
+                            f"automatic_optimization = False){advice}")
+    return True
+
+
 def _log(pl_module: pl.LightningModule, metrics: dict[str, float]) -> None:
     for name, value in metrics.items():
         pl_module.log(name, float(value), on_step=True, on_epoch=False, batch_size=1, sync_dist=False)
@@ -132,11 +144,9 @@ class NoiseScaleCallback(Callback):
     # -- setup --------------------------------------------------------------------------------------
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage != "fit":
+        if not _fitting_with_automatic_optimization("NoiseScaleCallback", stage, pl_module,
+                                                    "; use NoiseScaleTracker in your training_step instead"):
             return
-        if not pl_module.automatic_optimization:
-            raise BatchlabError("NoiseScaleCallback supports automatic optimization only (this module sets "
-                                "automatic_optimization = False); use NoiseScaleTracker in your training_step instead")
         if isinstance(trainer.strategy, FSDPStrategy):
             raise BatchlabError("NoiseScaleCallback does not support FSDPStrategy (FSDP1 flattens the parameters it "
                                 "would hook); use strategy='ddp' or ModelParallelStrategy (FSDP2, fully_shard)")
@@ -363,11 +373,8 @@ class BatchSizeSchedule(Callback):
         return int(size)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage != "fit":
+        if not _fitting_with_automatic_optimization("BatchSizeSchedule callback", stage, pl_module):
             return
-        if not pl_module.automatic_optimization:
-            raise BatchlabError("BatchSizeSchedule callback supports automatic optimization only "
-                                "(this module sets automatic_optimization = False)")
         if trainer.accumulate_grad_batches != 1:
             raise BatchlabError(f"BatchSizeSchedule callback sets the accumulation itself; remove "
                                 f"Trainer(accumulate_grad_batches={trainer.accumulate_grad_batches})")

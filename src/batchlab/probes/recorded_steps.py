@@ -44,6 +44,24 @@ class RecordedSteps(NamedTuple):
     rows: list
     sizes: list[tuple[float, float, float]]
 
+    def to_state(self) -> dict:
+        """JSON-able form (a tracker state's ``recorded`` entry); a non-finite norm (a step not
+        folded yet, on an accelerator) as None, so that the state is strict JSON."""
+        return {"micro_batches": self.micro_batches, "order": list(self.order),
+                "norms": [[v if math.isfinite(v) else None for v in row] for row in host_matrix(self.rows).tolist()],
+                "sizes": [list(s) for s in self.sizes]}
+
+    @classmethod
+    def from_state(cls, state: dict) -> RecordedSteps:
+        """:meth:`to_state`'s output back, as host rows (None: NaN)."""
+        return cls(int(state["micro_batches"]), [int(i) for i in state["order"]],
+                   [[math.nan if v is None else float(v) for v in row] for row in state["norms"]],
+                   [(float(a), float(b), float(c)) for a, b, c in state["sizes"]])
+
+    def nonfinite_rows(self) -> int:
+        """How many recorded steps have a non-finite norm (left out when folded)."""
+        return int((~np.isfinite(host_matrix(self.rows)).all(1)).sum()) if self.rows else 0
+
 
 def running_state(sums: TensorSums | None, moments: RatioMoments, steps: int, nonfinite_steps: int,
                   last: dict | None, beta: float | None) -> RunningState:

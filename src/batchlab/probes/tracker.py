@@ -37,23 +37,12 @@ value. Scaling the loss by a constant c (dividing each micro-batch loss by k, a 
 scales both by c^2 and leaves B_simple unchanged; pass ``grad_scale=c`` to :meth:`update` to get
 |G|^2 and tr(Sigma) of the unscaled mean loss.
 
-**Interval** (:meth:`~NoiseScaleTracker.b_simple_interval`, :meth:`~NoiseScaleTracker.reading`).
-Each measured step t gives one replicate (x_t, y_t) = (the step's tr(Sigma), its |G|^2, summed over
-parameter tensors), from its own batch. The running values are weighted means of them, weights w_t =
-beta^(steps - t) (``beta=None``: 1). Fieller's interval for the ratio of the two weighted means is
-the set of R >= 0 with ``(x_bar - R y_bar)^2 <= t^2 Var(x_bar - R y_bar)``, where x_bar, y_bar are
-the tracker's running ``trace_sigma`` and ``grad_norm_sq`` (so ``b_simple`` is always inside it),
-``Var`` of a weighted mean of independent replicates is ``s^2 sum w^2 / (sum w)^2`` with s^2 the
-reliability-weighted (co)variance of the replicates ``sum w (x - x_bar)^2 / (sum w - sum w^2 / sum
-w)``, and t is Student's quantile at the two-sided ``level`` with n_eff - 1 degrees of freedom,
-n_eff = (sum w)^2 / sum w^2 (``beta=None``: the number of steps, and this is exactly
-:func:`~batchlab.probes.noise_scale.ratio_interval` over the steps; an EMA: about (1 + beta) / (1 -
-beta) steps). The weighted sums are kept in O(1) state (merged chunk by chunk,
-:mod:`batchlab.probes.running_moments`), not a buffer of steps. It treats steps as independent
-replicates, which holds for different batches at fixed parameters; when the parameters drift, it is
-the interval of the ratio of the weighted means of the drifting per-step values, and their drift
-adds to the spread. Without a finite upper end (|G|^2 not significantly above 0) the estimate is
-only a lower bound: the reading is not ``resolved``.
+**Interval** (:meth:`~NoiseScaleTracker.b_simple_interval`, :meth:`~NoiseScaleTracker.reading`):
+Fieller's interval for the ratio of the weighted means of the per-step (tr Sigma_t, |G|^2_t), the
+steps as independent replicates with the EMA's weights and n_eff - 1 Student degrees of freedom
+(:class:`batchlab.probes.running_moments.RatioMoments`; the formulas, what drift does to it and its
+measured coverage: docs/methods.md, "NoiseScaleTracker"). Without a finite upper end (|G|^2 not
+significantly above 0) the estimate is only a lower bound: the reading is not ``resolved``.
 
 **FSDP2.** Autograd delivers gradients to the unsharded parameters FSDP2 swaps onto the modules
 for the forward and backward passes, not to the sharded ones: the tracker moves each sharded
@@ -109,22 +98,16 @@ skipped optimizer step, unequal micro-batches), call :meth:`discard` instead of 
 drops what was recorded since the last update.
 
 Cost. Per backward pass, a Python call per parameter tensor (the hooks) and the norms of the
-gradients the pass delivered: on the CPU, and under DDP or FSDP2 on any device (where keeping them
-would hold a full, under FSDP2 unsharded, gradient copy), each is taken in its hook, while the
-gradient is still in the cache, and the gradient is not kept; in one process on other devices the
-hooks keep the gradients and one fused ``torch._foreach_norm`` kernel norms them at the end of the
-pass, except a tensor's first gradient of the step, which in one process without DDP or FSDP2 is
-read from ``.grad`` at the end of the pass instead (``.grad`` was ``None``, so it is exactly that
-gradient; keeping it would stop autograd from moving it into ``.grad`` without a copy). A pass that
-does not accumulate into ``.grad`` (``torch.autograd.grad``) is counted like any other on the CPU
-and, on other devices, not counted when it comes before the step's first ``backward()`` (there is
-no ``.grad`` to read); keep it out of the steps. Per update: one fused norm of ``.grad``
-(``grad_at="backward"``: one per backward pass) and, without collectives, no host-side arithmetic:
-the step's norms are kept (on an accelerator, as one tensor, so there is no device-to-host copy
-either) until the next fold, whose arithmetic is vectorized over its steps. Under ``sync`` or
-FSDP2 each measured step all-reduces and is folded at once. On small models, where the remaining
-per-step cost is a visible share of a step, ``every=N`` measures one step in N and costs nothing
-on the others (``benchmarks/probe_cost.py``; docs/methods.md, "NoiseScaleTracker", **Overhead**).
+gradients the pass delivered: taken in each hook on the CPU, and under DDP or FSDP2 on any device
+(so no gradient copy is held); in one process on an accelerator, kept to the end of the pass and
+normed in one fused ``torch._foreach_norm`` kernel, a tensor's first gradient of the step read from
+``.grad`` instead (``.grad`` was ``None``, so it is exactly that gradient, and autograd moves it
+there without a copy). A pass that does not accumulate into ``.grad`` (``torch.autograd.grad``) is
+counted like any other on the CPU and, on an accelerator, not when it comes before the step's first
+``backward()``; keep it out of the steps. Per update: one fused norm of ``.grad``
+(``grad_at="backward"``: one per backward pass) and, without collectives, no host-side arithmetic
+until the next fold. On small models ``every=N`` measures one step in N and costs almost nothing on
+the others (``benchmarks/probe_cost.py``; docs/methods.md, "NoiseScaleTracker", **Overhead**).
 """
 
 from __future__ import annotations
@@ -147,6 +130,7 @@ from batchlab.probes.recorded_steps import (
 )
 from batchlab.probes.running_moments import RatioMoments, TensorSums
 from batchlab.probes.sharded_parameters import ShardedParameters, sharded_indices
+from batchlab.probes.step_collectives import reduced_norms
 
 STATE_VERSION = 3
 GRAD_AT = ("update", "backward")
@@ -190,21 +174,6 @@ def _norm(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.dtype in _LOW_PRECISION:
         return torch.linalg.vector_norm(tensor, dtype=torch.float32)
     return torch.linalg.vector_norm(tensor)
-
-
-def _all_reduce_sum(values: np.ndarray, device: torch.device, group=None) -> np.ndarray:
-    """Sum a float64 vector over ``group`` (default: the world), on the device its backend reduces on:
-    the CPU for gloo, else ``device`` (the parameters' device: this rank's accelerator)."""
-    import torch.distributed as dist
-
-    try:
-        backend = dist.get_backend(group)
-        device = torch.device("cpu") if backend == "gloo" else device
-    except (AttributeError, RuntimeError, ValueError):
-        device = torch.device("cpu")
-    tensor = torch.as_tensor(values, dtype=torch.float64).to(device)
-    dist.all_reduce(tensor, group=group)
-    return tensor.cpu().numpy()
 
 
 class NoiseScaleTracker:
@@ -522,7 +491,10 @@ class NoiseScaleTracker:
         else:  # take part in the collectives, then fail with every other rank
             small, big_sq, used = np.zeros(n), np.zeros(n), None
         if collective:
-            small, big_sq, failed = self._reduce(small, big_sq, world_size, problem is not None)
+            small, big_sq, failed = reduced_norms(
+                small, big_sq, world_size=world_size, sync=self.sync and world_size > 1 and group_size == world_size,
+                process_group=self.process_group, device=self._params[0].device, failed=problem is not None,
+                shard_groups=self._sharded.groups if self._sharded is not None else [])
             if problem is not None:
                 raise BatchlabError(problem)
             if failed:
@@ -565,37 +537,6 @@ class NoiseScaleTracker:
         if len(big_index) == n and bool((counts > 0).all()):
             return small, big_sq, None
         return small, big_sq, np.array([i for i in big_index if counts[i] > 0], dtype=int)
-
-    def _reduce(self, small: np.ndarray, big_sq: np.ndarray, world_size: int,
-                failed: bool) -> tuple[np.ndarray, np.ndarray, int]:
-        """The collectives of a step, the same on every rank: the small norms' mean over the group
-        (``sync``) and each sharded ``.grad``'s squared norm summed over its shard groups, each vector
-        carrying one more entry, the count of ranks that have nothing to measure."""
-        sync = self.sync and world_size > 1 and _world_size(self.process_group) == world_size
-        import torch.distributed as dist
-
-        n = len(small)
-        flag = 1.0 if failed else 0.0
-        failures = 0.0
-        big_sq = big_sq.copy()
-        device = self._params[0].device
-        groups = [(index, list(process_groups)) for index, process_groups in
-                  (self._sharded.groups if self._sharded is not None else [])]
-        if (sync and self.process_group is None and len(groups) == 1 and len(groups[0][1]) == 1
-                and dist.get_world_size(groups[0][1][0]) == _world_size()):
-            # plain FSDP2 on the whole world: one all-reduce for the small and the big norms together
-            index, _ = groups.pop()
-            total = _all_reduce_sum(np.concatenate([small, big_sq[index], [flag]]), device)
-            small, big_sq[index], failures = total[:n] / world_size, total[n:-1], total[-1]
-        elif sync:
-            total = _all_reduce_sum(np.concatenate([small, [flag]]), device, self.process_group)
-            small, failures = total[:n] / world_size, total[-1]
-        for index, process_groups in groups:
-            part = np.concatenate([big_sq[index], [flag]])
-            for group in process_groups:
-                part = _all_reduce_sum(part, device, group)
-            big_sq[index], failures = part[:-1], max(failures, part[-1])
-        return small, big_sq, int(round(failures)) - (1 if failed else 0)
 
     # -- folding ------------------------------------------------------------------------------------
 
@@ -774,11 +715,7 @@ class NoiseScaleTracker:
             "trace_sigma": None if sums is None else sums.trace_sigma.tolist(),
             "interval": self._moments.to_state(),
             "last": None if self._last is None else dict(self._last),
-            "recorded": None if recorded is None else {
-                "micro_batches": recorded.micro_batches, "order": list(recorded.order),
-                # a non-finite norm (a step not folded yet, on an accelerator) as None: strict JSON
-                "norms": [[v if math.isfinite(v) else None for v in row] for row in host_matrix(recorded.rows).tolist()],
-                "sizes": [list(s) for s in recorded.sizes]},
+            "recorded": None if recorded is None else recorded.to_state(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -823,17 +760,12 @@ class NoiseScaleTracker:
         self._moments = moments
         self._last = None if state["last"] is None else dict(state["last"])
         recorded = state.get("recorded")
-        norms = None if recorded is None else [[math.nan if v is None else float(v) for v in row]
-                                               for row in recorded["norms"]]
+        self._recorded = None if recorded is None else RecordedSteps.from_state(recorded)
+        bad = 0 if recorded is None else self._recorded.nonfinite_rows()
         if recorded is not None:  # the counts include the recorded steps (a non-finite one: on an accelerator)
-            bad = sum(1 for row in norms if not math.isfinite(sum(row)))
-            self._steps -= len(norms) - bad
+            self._steps -= len(self._recorded.rows) - bad
             self._nonfinite -= bad
-        self._rows_checked = recorded is None or bad == 0
-        self._recorded = None if recorded is None else RecordedSteps(
-            int(recorded["micro_batches"]), [int(i) for i in recorded["order"]],
-            norms,
-            [(float(a), float(b), float(c)) for a, b, c in recorded["sizes"]])
+        self._rows_checked = bad == 0
         self._folded = None
         if self._params:
             self._sync_hooks()
