@@ -7,8 +7,8 @@
 * :mod:`batchlab.probes.tracker`: :class:`NoiseScaleTracker`, running B_simple inside a user's own
   training loop from the gradients it already has (micro-batches, or local vs all-reduced under
   DistributedDataParallel); what it keeps between steps and how it folds them:
-  :mod:`batchlab.probes.running_moments`, :mod:`batchlab.probes.recorded_steps`; FSDP2 parameters:
-  :mod:`batchlab.probes.sharded_parameters`.
+  :mod:`batchlab.probes.running_moments`, :mod:`batchlab.probes.recorded_steps`; its collectives:
+  :mod:`batchlab.probes.step_collectives`; FSDP2 parameters: :mod:`batchlab.probes.sharded_parameters`.
 * :mod:`batchlab.probes.spectrum`: top Hessian / Gauss-Newton eigenvalues and a spectral density by
   Lanczos on Hessian-vector products.
 * :mod:`batchlab.probes.branched`: the branched critical batch size: short branches at k·B from
